@@ -1,0 +1,207 @@
+"""llama.cpp through ``llama-cpp-python``: greedy decoding with a rollback-able KV cache.
+
+The high-level ``Llama`` object is used only to load the model and for its tokenizer; decoding goes
+through the C API directly so that a verify step is exactly one ``llama_decode`` of ``1 + N``
+tokens with logits requested for every position, and a rejected draft is undone with
+``llama_memory_seq_rm``. Argmax is taken here, in numpy, over the logits rows llama.cpp returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from promptlookup.backends.base import BackendError
+
+DEFAULT_N_CTX = 4096
+DEFAULT_N_BATCH = 512
+
+
+def default_threads() -> int:
+    """Threads default to the cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return max(1, os.cpu_count() or 1)
+
+
+class LlamaCppBackend:
+    """A loaded GGUF model with one sequence of KV cache."""
+
+    name = "llama.cpp"
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        n_ctx: int = DEFAULT_N_CTX,
+        n_threads: int | None = None,
+        n_batch: int = DEFAULT_N_BATCH,
+        record_logits: bool = False,
+    ) -> None:
+        import llama_cpp  # deferred: importing it loads the shared library
+
+        self._lib = llama_cpp
+        self.model_path = Path(model_path)
+        self.n_threads = n_threads or default_threads()
+        self.n_batch = n_batch
+        try:
+            self._llama = llama_cpp.Llama(
+                model_path=str(self.model_path),
+                n_ctx=n_ctx,
+                n_batch=n_batch,
+                n_ubatch=n_batch,
+                n_threads=self.n_threads,
+                n_threads_batch=self.n_threads,
+                verbose=False,
+            )
+        except (ValueError, RuntimeError) as exc:
+            raise BackendError(f"llama.cpp could not load {self.model_path}: {exc}") from exc
+        self._ctx = self._llama.ctx
+        self._vocab = llama_cpp.llama_model_get_vocab(self._llama.model)
+        self._mem = llama_cpp.llama_get_memory(self._ctx)
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))
+        self.n_past = 0
+        self.record_logits = record_logits
+        self.recorded: list[tuple[int, np.ndarray]] = []  # (position, logits row) when recording
+
+        self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+        b = self._batch
+        self._tok = np.ctypeslib.as_array(b.token, shape=(n_batch,))
+        self._pos = np.ctypeslib.as_array(b.pos, shape=(n_batch,))
+        self._out = np.ctypeslib.as_array(b.logits, shape=(n_batch,))
+        n_seq = np.ctypeslib.as_array(b.n_seq_id, shape=(n_batch,))
+        n_seq[:] = 1
+        for i in range(n_batch):
+            b.seq_id[i][0] = 0
+
+    # -- metadata -------------------------------------------------------------------------
+    @property
+    def metadata(self) -> dict[str, str]:
+        return dict(self._llama.metadata)
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self._lib.llama_vocab_is_eog(self._vocab, int(token)))
+
+    def check_token(self, token: int) -> None:
+        if not 0 <= int(token) < self.n_vocab:
+            raise BackendError(f"token id {token} is outside the vocabulary (0..{self.n_vocab - 1})")
+
+    # -- tokenizer ------------------------------------------------------------------------
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return list(
+            self._llama.tokenize(text.encode("utf-8"), add_bos=add_special, special=parse_special)
+        )
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        for t in ids:
+            self.check_token(t)
+        return self._llama.detokenize(list(ids)).decode("utf-8", errors="replace")
+
+    def fingerprint(self) -> str:
+        """A tokenizer fingerprint for files built with this vocabulary (see drafting caches)."""
+        from promptlookup.fingerprint import fingerprint_pieces
+
+        return fingerprint_pieces(
+            self.n_vocab,
+            (self._llama.detokenize([t], special=True) for t in range(self.n_vocab)),
+        )
+
+    def chat_prompt(self, user: str, system: str | None = None) -> str:
+        """Render the model's own chat template for one user turn, ready for generation."""
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        meta = self.metadata
+        template = meta.get("tokenizer.chat_template")
+        if not template:
+            raise BackendError(f"{self.model_path.name} has no chat template (--chat needs one)")
+
+        def piece(key: str) -> str:
+            tid = meta.get(key)
+            if tid is None:
+                return ""
+            return self._llama.detokenize([int(tid)], special=True).decode("utf-8", "replace")
+
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": user}
+        ]
+        fmt = Jinja2ChatFormatter(
+            template=template,
+            eos_token=piece("tokenizer.ggml.eos_token_id"),
+            bos_token=piece("tokenizer.ggml.bos_token_id"),
+        )
+        return fmt(messages=messages).prompt
+
+    # -- decoding -------------------------------------------------------------------------
+    def _decode(self, ids: Sequence[int], want: str) -> np.ndarray:
+        """Decode ``ids`` at ``n_past..``; return argmax of the last row or of every row."""
+        m = len(ids)
+        if m == 0:
+            raise BackendError("nothing to decode")
+        if self.n_past + m > self.n_ctx:
+            raise BackendError(
+                f"context full: {self.n_past} cached + {m} new tokens > n_ctx {self.n_ctx}"
+            )
+        for t in ids:
+            self.check_token(t)
+        result: list[np.ndarray] = []
+        for start in range(0, m, self.n_batch):
+            chunk = ids[start : start + self.n_batch]
+            c = len(chunk)
+            self._tok[:c] = chunk
+            self._pos[:c] = np.arange(self.n_past, self.n_past + c)
+            last_chunk = start + c == m
+            if want == "all":
+                self._out[:c] = 1
+            else:
+                self._out[:c] = 0
+                self._out[c - 1] = 1 if last_chunk else 0
+            self._batch.n_tokens = c
+            rc = self._lib.llama_decode(self._ctx, self._batch)
+            if rc != 0:
+                raise BackendError(f"llama_decode failed with code {rc} at position {self.n_past}")
+            n_rows = c if want == "all" else int(last_chunk)
+            if n_rows:
+                ptr = self._lib.llama_get_logits(self._ctx)
+                rows = np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab))
+                if self.record_logits:
+                    first = self.n_past + (c - n_rows)
+                    self.recorded.extend((first + i, rows[i].copy()) for i in range(n_rows))
+                result.append(rows.argmax(axis=1))
+            self.n_past += c
+        return np.concatenate(result)
+
+    def prefill(self, ids: Sequence[int]) -> int:
+        self._lib.llama_memory_clear(self._mem, True)
+        self.n_past = 0
+        self.recorded.clear()
+        return int(self._decode(ids, want="last")[-1])
+
+    def verify(self, ids: Sequence[int]) -> list[int]:
+        return [int(t) for t in self._decode(ids, want="all")]
+
+    def rollback(self, n_keep: int) -> None:
+        if not 0 <= n_keep <= self.n_past:
+            raise BackendError(f"cannot roll back to {n_keep} with {self.n_past} cached")
+        if n_keep < self.n_past:
+            ok = self._lib.llama_memory_seq_rm(self._mem, 0, n_keep, -1)
+            if not ok:
+                raise BackendError(f"llama_memory_seq_rm refused to drop positions {n_keep}..")
+            self.n_past = n_keep
+
+    def close(self) -> None:
+        if getattr(self, "_batch", None) is not None:
+            self._lib.llama_batch_free(self._batch)
+            self._batch = None
+        llama = getattr(self, "_llama", None)
+        if llama is not None:
+            llama.close()
+            self._llama = None
+
+    def __del__(self) -> None:  # pragma: no cover - best effort at interpreter exit
+        with contextlib.suppress(Exception):
+            self.close()

@@ -1,0 +1,169 @@
+"""The ``promptlookup`` command line: argument parsing and wiring only, no logic of its own."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from promptlookup.speculate import MAX_DRAFT
+
+
+class UsageError(Exception):
+    """A problem with what the user asked for; printed as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, never a usage dump or a traceback
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _int_in(lo: int, hi: int | None, what: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} must be an integer, got {text!r}") from None
+        if value < lo or (hi is not None and value > hi):
+            bound = f"{lo}..{hi}" if hi is not None else f">= {lo}"
+            raise argparse.ArgumentTypeError(f"{what} must be {bound}, got {value}")
+        return value
+
+    return parse
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-m", "--model", help="GGUF model file (default: bundled SmolLM2-135M-Instruct)")
+    p.add_argument("-t", "--threads", type=_int_in(1, None, "--threads"),
+                   help="CPU threads (default: the cores available)")
+    p.add_argument("-c", "--ctx-size", type=_int_in(16, None, "--ctx-size"), default=4096,
+                   help="context size in tokens (default 4096)")
+
+
+def _add_draft_args(p: argparse.ArgumentParser) -> None:
+    from promptlookup.drafting.suffix import DEFAULT_MAX_MATCH, DEFAULT_MIN_MATCH
+
+    p.add_argument("--draft", type=_int_in(1, MAX_DRAFT, "--draft"), default=3,
+                   help=f"tokens drafted per verify batch, 1..{MAX_DRAFT} (default 3)")
+    p.add_argument("--ngram-min-match", type=_int_in(1, None, "--ngram-min-match"),
+                   default=DEFAULT_MIN_MATCH,
+                   help=f"shortest matching run allowed to draft (default {DEFAULT_MIN_MATCH})")
+    p.add_argument("--ngram-max-match", type=_int_in(1, None, "--ngram-max-match"),
+                   default=DEFAULT_MAX_MATCH,
+                   help=f"longest suffix compared when matching (default {DEFAULT_MAX_MATCH})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="promptlookup", description=__doc__.splitlines()[0] if __doc__ else "")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    g = sub.add_parser("generate", help="generate text greedily, speculating by prompt lookup",
+                       description="Greedy generation; with a draft source, exact speculation.")
+    _add_model_args(g)
+    src = g.add_mutually_exclusive_group()
+    src.add_argument("-p", "--prompt", help="prompt text")
+    src.add_argument("-f", "--file", help="read the prompt from this file ('-' for stdin)")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--system", help="system message for --chat")
+    g.add_argument("-n", "--n-predict", type=_int_in(1, None, "--n-predict"), default=256,
+                   help="maximum tokens to generate (default 256)")
+    g.add_argument("--ngram", action="store_true", help="draft by suffix match (seed 000)")
+    _add_draft_args(g)
+    g.add_argument("--csv", metavar="FILE", help="append one key=value row of counters to FILE")
+    g.add_argument("--json", action="store_true",
+                   help="print one JSON object (tokens, text, counters) instead of text + report")
+    g.set_defaults(func=cmd_generate)
+    return parser
+
+
+def _read_prompt(args: argparse.Namespace) -> str:
+    if args.prompt is not None:
+        text = args.prompt
+    elif args.file is not None:
+        if args.file == "-":
+            text = sys.stdin.read()
+        else:
+            path = Path(args.file)
+            if not path.is_file():
+                raise UsageError(f"prompt file not found: {path}")
+            try:
+                text = path.read_text(encoding="utf-8")
+            except UnicodeDecodeError as exc:
+                raise UsageError(f"prompt file is not UTF-8 text: {path} ({exc.reason})") from None
+    else:
+        raise UsageError("no prompt: give -p TEXT or -f FILE")
+    if not text.strip():
+        raise UsageError("the prompt is empty")
+    return text
+
+
+def _load_backend(args: argparse.Namespace):
+    from promptlookup.backends.llama_cpp import LlamaCppBackend
+    from promptlookup.models import resolve_model
+
+    path = resolve_model(args.model)
+    return LlamaCppBackend(path, n_ctx=args.ctx_size, n_threads=args.threads)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from promptlookup.drafting.suffix import SuffixMatchSource
+    from promptlookup.speculate import generate
+
+    if args.system is not None and not args.chat:
+        raise UsageError("--system only applies with --chat")
+    if args.ngram_max_match < args.ngram_min_match:
+        raise UsageError(
+            f"--ngram-max-match ({args.ngram_max_match}) is below "
+            f"--ngram-min-match ({args.ngram_min_match})"
+        )
+    text = _read_prompt(args)
+    backend = _load_backend(args)
+    if args.chat:
+        ids = backend.tokenize(backend.chat_prompt(text, args.system), parse_special=True)
+    else:
+        ids = backend.tokenize(text)
+    if len(ids) >= backend.n_ctx:
+        raise UsageError(
+            f"the prompt is {len(ids)} tokens but the context holds {backend.n_ctx} "
+            "(raise -c/--ctx-size or shorten it)"
+        )
+    source = (
+        SuffixMatchSource(args.ngram_min_match, args.ngram_max_match) if args.ngram else None
+    )
+    result = generate(backend, ids, args.n_predict, source=source, draft=args.draft)
+    out_text = backend.detokenize(result.tokens)
+    c = result.counters
+    if args.csv:
+        with open(args.csv, "a", encoding="utf-8") as fh:
+            fh.write(c.csv_row(model=backend.model_path.name, threads=backend.n_threads,
+                               stopped_by=result.stopped_by) + "\n")
+    if args.json:
+        print(json.dumps({
+            "model": str(backend.model_path), "threads": backend.n_threads,
+            "prompt_tokens": len(ids), "tokens": result.tokens, "text": out_text,
+            "stopped_by": result.stopped_by, "counters": c.as_dict(),
+        }))
+    else:
+        print(out_text, flush=True)
+        for line in c.report_lines():
+            print(line, file=sys.stderr)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from promptlookup.backends.base import BackendError
+    from promptlookup.models import ModelError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (UsageError, ModelError, BackendError, ValueError, OSError) as exc:
+        print(f"promptlookup: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("promptlookup: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,134 @@
+"""Seed 000's ``--ngram`` draft source: draft what followed the longest recent suffix match.
+
+The corpus is the prompt plus every confirmed token; the pattern is its suffix. Every position
+strictly before the corpus end is a candidate match *end* (so the pattern never matches itself),
+and for each the common suffix length is measured, capped at ``max_match``. The longest match
+wins; among equal lengths the most recent wins (what a code edit or a repeated quotation wants).
+A match may overlap the pattern, which is how a run of one repeated token predicts itself. The
+tokens that followed the match become the draft, up to ``k`` of them, clipped at the corpus end.
+A best match shorter than ``min_match`` drafts nothing: the gate.
+
+Two implementations with one behaviour: :func:`suffix_match_reference` is the plain statement of
+the rule, :func:`suffix_match` is the compiled backward scan the loop uses. Tests hold them equal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from numba import njit
+
+from promptlookup.drafting.base import Draft
+
+DEFAULT_MIN_MATCH = 3
+DEFAULT_MAX_MATCH = 16
+
+
+def suffix_match_reference(corpus: Sequence[int], max_match: int) -> tuple[int, int]:
+    """Return ``(match_end, match_len)`` of the best match; ``(-1, 0)`` when there is none.
+
+    Plain Python, quadratic, obviously the rule: kept as the twin the fast path is tested against.
+    """
+    n = len(corpus)
+    best_end, best_len = -1, 0
+    for end in range(n - 1):  # every position strictly before the corpus end
+        length = 0
+        while length < max_match and end - length >= 0 and (
+            corpus[end - length] == corpus[n - 1 - length]
+        ):
+            length += 1
+        if length > 0 and length >= best_len:  # later ends overwrite ties: most recent wins
+            best_end, best_len = end, length
+    return best_end, best_len
+
+
+@njit(cache=True, nogil=True)
+def _suffix_match_scan(corpus: np.ndarray, n: int, max_match: int) -> tuple[int, int]:
+    # Scan backward so the first match of a given length is the most recent one; only a strictly
+    # longer match may replace it. Stop as soon as a match reaches the cap: nothing beats it.
+    best_end = -1
+    best_len = 0
+    last = corpus[n - 1]
+    for end in range(n - 2, -1, -1):
+        if corpus[end] != last:
+            continue
+        length = 1
+        while length < max_match and end - length >= 0 and (
+            corpus[end - length] == corpus[n - 1 - length]
+        ):
+            length += 1
+        if length > best_len:
+            best_len = length
+            best_end = end
+            if length >= max_match:
+                break
+    return best_end, best_len
+
+
+def suffix_match(corpus: np.ndarray, n: int, max_match: int) -> tuple[int, int]:
+    """Fast twin of :func:`suffix_match_reference` over ``corpus[:n]`` (an int32 array)."""
+    if n < 2 or max_match < 1:
+        return -1, 0
+    return _suffix_match_scan(corpus, n, max_match)
+
+
+def suffix_draft_reference(
+    corpus: Sequence[int], k: int, min_match: int = DEFAULT_MIN_MATCH,
+    max_match: int = DEFAULT_MAX_MATCH,
+) -> list[int]:
+    """The whole seed-000 draft rule in plain Python: match, gate, then copy what followed."""
+    end, length = suffix_match_reference(corpus, max_match)
+    if end < 0 or length < min_match:
+        return []
+    return list(corpus[end + 1 : end + 1 + k])
+
+
+class SuffixMatchSource:
+    """``--ngram``: a draft source over a growable int32 buffer of the confirmed tokens.
+
+    The buffer is the whole data structure: there is no index to keep in step with the KV cache.
+    """
+
+    name = "ngram"
+
+    def __init__(self, min_match: int = DEFAULT_MIN_MATCH, max_match: int = DEFAULT_MAX_MATCH):
+        if min_match < 1:
+            raise ValueError(f"ngram min-match must be at least 1, got {min_match}")
+        if max_match < min_match:
+            raise ValueError(
+                f"ngram max-match ({max_match}) must be at least min-match ({min_match})"
+            )
+        self.min_match = min_match
+        self.max_match = max_match
+        self._buf = np.zeros(1024, dtype=np.int32)
+        self._n = 0
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """The confirmed tokens so far (a view; do not keep it across ``extend``)."""
+        return self._buf[: self._n]
+
+    def reset(self, prompt: Sequence[int]) -> None:
+        self._n = 0
+        self.extend(prompt)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        m = len(tokens)
+        if self._n + m > len(self._buf):
+            grown = np.zeros(max(2 * len(self._buf), self._n + m), dtype=np.int32)
+            grown[: self._n] = self._buf[: self._n]
+            self._buf = grown
+        self._buf[self._n : self._n + m] = tokens
+        self._n += m
+
+    def propose(self, k: int) -> Draft:
+        end, length = suffix_match(self._buf, self._n, self.max_match)
+        if end < 0 or length < self.min_match or k <= 0:
+            return Draft(source=self.name, match_len=length)
+        stop = min(end + 1 + k, self._n)
+        return Draft(
+            tokens=tuple(int(t) for t in self._buf[end + 1 : stop]),
+            source=self.name,
+            match_len=length,
+        )
