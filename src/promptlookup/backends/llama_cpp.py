@@ -64,7 +64,10 @@ class LlamaCppBackend:
         self._vocab = llama_cpp.llama_model_get_vocab(self._llama.model)
         self._mem = llama_cpp.llama_get_memory(self._ctx)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
-        self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))
+        self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))  # llama.cpp may round it up
+        # Llama caps the batch at the context size; one llama_decode must never exceed it.
+        self.n_batch = n_batch = min(n_batch, int(llama_cpp.llama_n_batch(self._ctx)),
+                                     int(llama_cpp.llama_n_ubatch(self._ctx)))
         self.n_past = 0
         self.record_logits = record_logits
         self.recorded: list[tuple[int, np.ndarray]] = []  # (position, logits row) when recording

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Install everything, then run the linter and the whole test suite (what CI runs).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/ruff check src tests benchmarks
+.venv/bin/python -m pytest -q "$@"

@@ -1,0 +1,129 @@
+"""The command line: bad input gets one line naming the problem and exit 2, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import requires_model
+
+from promptlookup.cli import main
+
+
+def run_main(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_parser(capsys, *argv):
+    with pytest.raises(SystemExit) as exc:
+        main(list(argv))
+    out, err = capsys.readouterr()
+    return exc.value.code, out, err
+
+
+@pytest.mark.parametrize("draft", ["0", "9", "x"])
+def test_draft_out_of_range(capsys, draft):
+    code, _, err = run_parser(capsys, "generate", "-p", "hi", "--draft", draft)
+    assert code == 2
+    assert err.count("\n") == 1 and "--draft" in err
+
+
+def test_conflicting_prompt_flags(capsys, tmp_path):
+    f = tmp_path / "p.txt"
+    f.write_text("hello")
+    code, _, err = run_parser(capsys, "generate", "-p", "hi", "-f", str(f))
+    assert code == 2 and "not allowed with" in err and err.count("\n") == 1
+
+
+def test_unknown_flag(capsys):
+    code, _, err = run_parser(capsys, "generate", "-p", "hi", "--ngramm")
+    assert code == 2 and "--ngramm" in err and err.count("\n") == 1
+
+
+def test_missing_model_file(capsys, tmp_path):
+    code, _, err = run_main(capsys, "generate", "-p", "hi", "-m", str(tmp_path / "nope.gguf"))
+    assert code == 2 and "model file not found" in err and err.count("\n") == 1
+
+
+def test_non_gguf_model_file(capsys, tmp_path):
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(b"PK\x03\x04 definitely a zip")
+    code, _, err = run_main(capsys, "generate", "-p", "hi", "-m", str(bad))
+    assert code == 2 and "not a GGUF file" in err and err.count("\n") == 1
+
+
+def test_truncated_gguf_is_a_clear_error(capsys, tmp_path):
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(b"GGUF\x03\x00\x00\x00")
+    code, _, err = run_main(capsys, "generate", "-p", "hi", "-m", str(bad))
+    assert code == 2 and "could not load" in err and err.count("\n") == 1
+
+
+def test_empty_prompt(capsys):
+    code, _, err = run_main(capsys, "generate", "-p", "  \n")
+    assert code == 2 and "prompt is empty" in err
+
+
+def test_missing_prompt_file(capsys, tmp_path):
+    code, _, err = run_main(capsys, "generate", "-f", str(tmp_path / "none.txt"))
+    assert code == 2 and "prompt file not found" in err
+
+
+def test_system_without_chat(capsys):
+    code, _, err = run_main(capsys, "generate", "-p", "hi", "--system", "be brief")
+    assert code == 2 and "--system only applies with --chat" in err
+
+
+def test_max_match_below_min_match(capsys):
+    code, _, err = run_main(capsys, "generate", "-p", "hi", "--ngram", "--ngram-min-match", "5",
+                            "--ngram-max-match", "4")
+    assert code == 2 and "--ngram-max-match (4) is below --ngram-min-match (5)" in err
+
+
+@requires_model
+@pytest.mark.model
+def test_prompt_longer_than_context(capsys):
+    code, _, err = run_main(capsys, "generate", "-c", "32", "-p", "word " * 600)
+    assert code == 2 and "context holds 256" in err and err.count("\n") == 1  # llama.cpp pads to 256
+
+
+@requires_model
+@pytest.mark.model
+def test_generate_json_and_csv(capsys, tmp_path):
+    csv = tmp_path / "runs.csv"
+    code, out, _ = run_main(capsys, "generate", "--ngram", "-n", "24", "--json", "--csv", str(csv),
+                            "-p", "a b c d a b c d a b c d a b c d a b")
+    assert code == 0
+    obj = json.loads(out)
+    c = obj["counters"]
+    assert len(obj["tokens"]) == c["generated_tokens"] <= 24
+    assert isinstance(obj["text"], str)
+    for key in ("drafted_steps", "decodes", "acceptance", "effective_tps", "major_faults",
+                "peak_rss_bytes", "tokens_per_decode"):
+        assert key in c
+    row = csv.read_text().strip()
+    assert row.count("\n") == 0
+    fields = dict(kv.split("=", 1) for kv in row.split(","))
+    assert fields["drafted_steps"] == str(c["drafted_steps"])
+    assert fields["decodes"] == str(c["decodes"])
+
+
+@requires_model
+@pytest.mark.model
+def test_report_lines_and_python_m(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "promptlookup", "generate", "--ngram", "-n", "16", "-p",
+         "one two three one two three one two three"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("ngram:")]
+    assert len(lines) == 4
+    assert "drafts accepted" in lines[0] and "tokens per verify decode" in lines[0]
+    assert "tok/s effective" in lines[1]
+    assert "the rest decoded plainly" in lines[2]
+    assert "major faults per token" in lines[3] and "peak RSS" in lines[3]

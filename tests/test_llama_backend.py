@@ -1,0 +1,89 @@
+"""The llama.cpp backend on the bundled model: decoding, rollback, and the loop's invariants."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import requires_model
+
+from promptlookup.backends.base import BackendError
+from promptlookup.drafting.suffix import SuffixMatchSource
+from promptlookup.speculate import generate
+
+pytestmark = [requires_model, pytest.mark.model]
+
+COPY_TEXT = (
+    "def area(w, h):\n    return w * h\n\n"
+    "def perimeter(w, h):\n    return 2 * (w + h)\n\n"
+    "def volume(w, h, d):\n    return w * h * d\n"
+)
+
+
+def copy_prompt(backend) -> list[int]:
+    text = f"{COPY_TEXT}\nRepeat the code above unchanged.\n\n{COPY_TEXT[:20]}"
+    return backend.tokenize(text)
+
+
+def test_rollback_then_redecode_gives_same_argmax(real_backend):
+    b = real_backend
+    ids = b.tokenize("The quick brown fox jumps over the lazy dog. The quick brown")
+    first = b.prefill(ids)
+    n0 = b.n_past
+    a = b.verify([first, 11, 12, 13])
+    assert b.n_past == n0 + 4
+    b.rollback(n0 + 1)
+    assert b.n_past == n0 + 1
+    again = b.verify([11, 12, 13])
+    assert again == a[1:]  # same positions, same tokens, same cached prefix
+
+
+def test_every_emitted_token_is_the_argmax_of_its_logits(real_backend):
+    b = real_backend
+    b.record_logits = True
+    try:
+        prompt = copy_prompt(b)
+        got = generate(b, prompt, 60, source=SuffixMatchSource(min_match=2), draft=4)
+        last_row = {pos: row for pos, row in b.recorded}  # the last decode of each position wins
+    finally:
+        b.record_logits = False
+        b.recorded.clear()
+    assert got.counters.drafted_steps > 0 and got.counters.accepted_tokens > 0
+    for j, tok in enumerate(got.tokens):
+        row = last_row[len(prompt) + j - 1]
+        assert tok == int(np.argmax(row)), f"token {j} is not the argmax of its position's logits"
+
+
+def test_plain_decoding_never_widens_the_batch(real_backend):
+    got = generate(real_backend, real_backend.tokenize("Once upon a time"), 12)
+    c = got.counters
+    assert c.decodes == 11 and c.drafted_steps == 0 and c.drafted_tokens == 0
+    assert c.tokens_per_decode == pytest.approx(12 / 11)
+
+
+def test_copy_prompt_speculation_accepts_drafts(real_backend):
+    prompt = copy_prompt(real_backend)
+    c = generate(real_backend, prompt, 64, source=SuffixMatchSource(), draft=3).counters
+    assert c.accepted_tokens >= 10
+    assert c.generated_tokens == 64 or c.decodes < 64
+
+
+def test_unknown_token_id_is_refused(real_backend):
+    with pytest.raises(BackendError, match="outside the vocabulary"):
+        real_backend.prefill([1, real_backend.n_vocab + 5])
+    with pytest.raises(BackendError, match="outside the vocabulary"):
+        real_backend.detokenize([-1])
+
+
+def test_chat_template_renders_the_user_turn(real_backend):
+    text = real_backend.chat_prompt("hello there")
+    assert "hello there" in text
+    assert text.rstrip().endswith("assistant")
+    ids = real_backend.tokenize(text, parse_special=True)
+    assert len(ids) < len(real_backend.tokenize(text))  # special markers became single tokens
+
+
+def test_tokenizer_round_trip_and_fingerprint(real_backend):
+    text = "x = [i * 2 for i in range(10)]\n"
+    assert real_backend.detokenize(real_backend.tokenize(text, add_special=False)) == text
+    fp = real_backend.fingerprint()
+    assert len(fp) == 16 and fp == real_backend.fingerprint()
