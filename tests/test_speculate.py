@@ -6,10 +6,10 @@ import random
 from collections.abc import Sequence
 
 import pytest
+from fakes import FakeModel
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import FakeModel
 from promptlookup.drafting.base import Draft
 from promptlookup.drafting.suffix import SuffixMatchSource
 from promptlookup.speculate import generate

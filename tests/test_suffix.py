@@ -118,7 +118,8 @@ def test_fast_matches_reference_on_real_text():
     """Token ids from real text (bytes of this package's own source) drafted both ways."""
     import promptlookup.speculate as mod
 
-    data = list(open(mod.__file__, "rb").read()[:4000])
+    with open(mod.__file__, "rb") as fh:
+        data = list(fh.read()[:4000])
     src = SuffixMatchSource(min_match=3, max_match=12)
     src.reset(data[:50])
     for i in range(50, len(data)):
