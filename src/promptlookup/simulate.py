@@ -1,0 +1,141 @@
+"""Replay with a cost curve: what speculation would buy on a backend with that curve.
+
+The text itself stands in for the model (:class:`TextBackend` answers every verify with the
+text's true next tokens), so a replay runs the very same loop, sources and controller as a real
+generation; each verify step is charged the curve's cost for its width. Plain decoding of the same
+text costs one 1-token decode per token after the first.
+
+The **hindsight oracle** knows, at every position, how many tokens of the source's longest draft
+the text would accept, and picks the draft length of every step to minimize total cost (a dynamic
+program over positions, exact for a source whose proposal depends only on the text so far). Its
+speedup is the ceiling for any controller drafting from that source on that text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from promptlookup.costs import CostCurve
+from promptlookup.drafting.base import DraftSource
+from promptlookup.speculate import generate
+
+
+class TextBackend:
+    """A 'model' that always predicts the next token of a fixed text."""
+
+    name = "replay"
+
+    def __init__(self, stream: Sequence[int], n_ctx: int | None = None) -> None:
+        self.stream = list(stream)
+        self.n_ctx = n_ctx or len(self.stream) + 16
+        self.n_past = 0
+        self.widths: list[int] = []
+
+    def _next(self, pos: int) -> int:
+        # Past the end of the text there is nothing to predict; any token will do (never emitted).
+        return self.stream[pos + 1] if pos + 1 < len(self.stream) else -1
+
+    def prefill(self, ids: Sequence[int]) -> int:
+        self.n_past = len(ids)
+        self.widths = []
+        return self._next(self.n_past - 1)
+
+    def verify(self, ids: Sequence[int]) -> list[int]:
+        start = self.n_past
+        self.n_past += len(ids)
+        self.widths.append(len(ids))
+        return [self._next(start + i) for i in range(len(ids))]
+
+    def rollback(self, n_keep: int) -> None:
+        self.n_past = n_keep
+
+    def is_eog(self, token: int) -> bool:
+        return False
+
+
+@dataclass
+class SimResult:
+    label: str
+    tokens: int
+    steps: int
+    drafted_tokens: int
+    accepted_tokens: int
+    cost: float  # in units of one plain decode
+    plain_cost: float
+
+    @property
+    def speedup(self) -> float:
+        return self.plain_cost / self.cost if self.cost > 0 else 1.0
+
+
+def simulate(prompt: Sequence[int], continuation: Sequence[int], source: DraftSource | None,
+             draft: int, curve: CostCurve, label: str = "") -> SimResult:
+    """Run the loop on the text with ``source`` and charge each verify step by ``curve``."""
+    stream = list(prompt) + list(continuation)
+    backend = TextBackend(stream)
+    gen = generate(backend, prompt, len(continuation), source=source, draft=draft)
+    if gen.tokens != list(continuation):  # the loop must reproduce the text exactly
+        raise AssertionError("replay diverged from the text: the loop is not exact")
+    unit = curve.cost(1)
+    cost = sum(curve.cost(w) for w in backend.widths) / unit
+    c = gen.counters
+    return SimResult(label or c.source, len(continuation), c.decodes, c.drafted_tokens,
+                     c.accepted_tokens, cost, float(max(len(continuation) - 1, 0)))
+
+
+def acceptable_lengths(prompt: Sequence[int], continuation: Sequence[int], source: DraftSource,
+                       max_draft: int) -> list[tuple[int, int]]:
+    """For every step position q (index of the last confirmed token, from the prompt's end), the
+    longest draft the source offers there and how many of its tokens the text accepts."""
+    stream = list(prompt) + list(continuation)
+    source.reset(prompt)
+    out = []
+    for q in range(len(prompt), len(stream)):
+        source.extend([stream[q]])
+        d = source.propose(max_draft).tokens
+        a = 0
+        while a < len(d) and q + 1 + a < len(stream) and d[a] == stream[q + 1 + a]:
+            a += 1
+        out.append((len(d), a))
+    return out
+
+
+def oracle(prompt: Sequence[int], continuation: Sequence[int], source: DraftSource, max_draft: int,
+           curve: CostCurve) -> SimResult:
+    """The hindsight-optimal draft length at every step: the ceiling for any controller."""
+    n = len(continuation)
+    if n == 0:
+        return SimResult("oracle", 0, 0, 0, 0, 0.0, 0.0)
+    offers = acceptable_lengths(prompt, continuation, source, max_draft)
+    unit = curve.cost(1)
+    rel = [curve.cost(w) / unit for w in range(1, max_draft + 2)]
+    # i = index in the continuation of the last confirmed token; the run ends at i = n - 1.
+    inf = float("inf")
+    best = [inf] * n
+    choice = [0] * n
+    best[n - 1] = 0.0
+    for i in range(n - 2, -1, -1):
+        offered, accepted = offers[i]
+        top = min(offered, n - 2 - i, max_draft)
+        for k in range(top + 1):
+            nxt = i + min(k, accepted) + 1
+            v = rel[k] + best[nxt]
+            if v < best[i] - 1e-12:
+                best[i], choice[i] = v, k
+    steps = drafted = acc = 0
+    i = 0
+    while i < n - 1:
+        k = choice[i]
+        steps += 1
+        drafted += k
+        a = min(k, offers[i][1])
+        acc += a
+        i += a + 1
+    return SimResult("oracle", n, steps, drafted, acc, best[0], float(n - 1))
+
+
+def sweep(prompt: Sequence[int], continuation: Sequence[int], make_source: Callable[[], DraftSource],
+          curve: CostCurve, drafts: Sequence[int] = (1, 2, 3, 4, 8)) -> list[SimResult]:
+    """Fixed draft lengths side by side on one text."""
+    return [simulate(prompt, continuation, make_source(), k, curve, label=f"draft {k}") for k in drafts]

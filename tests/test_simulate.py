@@ -1,0 +1,70 @@
+"""Replay simulation with a cost curve, the hindsight oracle, and cost-curve files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from promptlookup.costs import CostCurve, CostCurveError
+from promptlookup.drafting.controller import AutoDrafter
+from promptlookup.drafting.suffix import SuffixMatchSource
+from promptlookup.simulate import acceptable_lengths, oracle, simulate, sweep
+
+STEEP = CostCurve((1.0, 1.74, 2.08, 2.46, 3.10, 3.53, 3.91, 4.0, 4.65))
+
+
+def test_plain_replay_costs_one_decode_per_token():
+    r = simulate([1], [2, 3, 4, 5], None, 3, STEEP)
+    assert r.cost == 3.0 and r.plain_cost == 3.0 and r.speedup == 1.0
+
+
+def test_repeating_text_exact_costs():
+    prompt = [1, 2, 3, 4]
+    cont = [1, 2, 3, 4, 1, 2, 3, 4]
+    # Steps after the first token (1): the match of "4 1" -> drafts 2 3 4 (k=3) all right, then
+    # the next token comes with them; width 4 per step.
+    r = simulate(prompt, cont, SuffixMatchSource(min_match=1), 3, CostCurve.flat())
+    assert r.accepted_tokens == r.drafted_tokens
+    assert r.steps == 2 and r.cost == 2.0 and r.speedup == pytest.approx(7 / 2)
+
+
+def test_acceptable_lengths_exact():
+    offers = acceptable_lengths([5, 6, 7], [5, 6, 9], SuffixMatchSource(min_match=1), 8)
+    # q=3 (token 5): match "5" at 0 -> offers 6 7 5, text says 6 9 -> 1 accepted
+    # q=4 (token 6): match "5 6" at 1 -> offers 7 5 6, text says 9 -> 0
+    # q=5 (token 9): no match
+    assert offers == [(3, 1), (3, 0), (0, 0)]
+
+
+@settings(max_examples=80, deadline=None)
+@given(text=st.lists(st.integers(0, 3), min_size=3, max_size=80), flat=st.booleans())
+def test_oracle_is_at_least_every_fixed_length_and_auto(text, flat):
+    curve = CostCurve.flat(9) if flat else STEEP
+    prompt, cont = text[:2], text[2:]
+    best = oracle(prompt, cont, SuffixMatchSource(min_match=1), 8, curve)
+    for r in sweep(prompt, cont, lambda: SuffixMatchSource(min_match=1), curve, (1, 2, 3, 8)):
+        assert best.cost <= r.cost + 1e-9
+    auto = simulate(prompt, cont, AutoDrafter([SuffixMatchSource(min_match=1)], curve.relative(9)), 8,
+                    curve)
+    assert best.cost <= auto.cost + 1e-9
+
+
+def test_cost_curve_files(tmp_path):
+    p = tmp_path / "c.json"
+    STEEP.save(p)
+    assert CostCurve.load(p).seconds == STEEP.seconds
+    assert json.loads(p.read_text())["format"] == "promptlookup-cost-curve"
+    (tmp_path / "list.json").write_text("[0.01, 0.02]")
+    assert CostCurve.load(tmp_path / "list.json").relative() == [1.0, 2.0]
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(CostCurveError, match="not valid JSON"):
+        CostCurve.load(tmp_path / "bad.json")
+    (tmp_path / "neg.json").write_text('{"seconds": [0.01, -1]}')
+    with pytest.raises(CostCurveError, match="positive number"):
+        CostCurve.load(tmp_path / "neg.json")
+    with pytest.raises(CostCurveError, match="not found"):
+        CostCurve.load(tmp_path / "missing.json")
+    assert CostCurve((1.0, 2.0)).cost(4) == 4.0  # extrapolates the last slope
