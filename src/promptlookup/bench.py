@@ -1,0 +1,217 @@
+"""The A/B harness: every cell back to back in one process on one loaded model.
+
+Seed 000's tables are what make a speculation claim believable: the same workload run plainly and
+speculated, in an alternating order, with ``off`` at least twice so its spread is the noise band,
+and the effective rate (drafting included) beside acceptance, tokens per verify and coverage. Each
+speculated cell also says whether its output is token-identical to the first plain run.
+
+A cell is ``NAME[:key=value...]``: ``off``, ``ngram`` (``draft``, ``min``, ``max``), ``lookup``
+(``draft``, ``static=FILE``, ``dynamic=FILE``) and ``auto`` (``static=FILE``, ``curve=FILE``).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from promptlookup.drafting.base import DraftSource
+from promptlookup.telemetry import Counters
+
+CELL_KEYS = {
+    "off": set(),
+    "ngram": {"draft", "min", "max"},
+    "lookup": {"draft", "static", "dynamic"},
+    "auto": {"static", "curve"},
+}
+
+
+class CellError(ValueError):
+    """A cell specification that names an unknown source or setting."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    name: str
+    options: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def label(self) -> str:
+        return ":".join([self.name, *(f"{k}={v}" for k, v in self.options)])
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return dict(self.options).get(key, default)
+
+    def int_option(self, key: str, default: int) -> int:
+        v = self.get(key)
+        if v is None:
+            return default
+        try:
+            return int(v)
+        except ValueError:
+            raise CellError(f"cell {self.label}: {key} must be an integer, got {v!r}") from None
+
+
+def parse_cell(spec: str) -> Cell:
+    parts = [p for p in spec.strip().split(":") if p]
+    if not parts:
+        raise CellError("empty cell specification")
+    name = parts[0]
+    if name not in CELL_KEYS:
+        raise CellError(f"unknown cell source {name!r} (known: {', '.join(CELL_KEYS)})")
+    opts = []
+    for p in parts[1:]:
+        key, sep, value = p.partition("=")
+        if not sep or key not in CELL_KEYS[name]:
+            allowed = ", ".join(sorted(CELL_KEYS[name])) or "none"
+            raise CellError(f"cell {spec!r}: unknown setting {p!r} (allowed for {name}: {allowed})")
+        opts.append((key, value))
+    return Cell(name, tuple(opts))
+
+
+@dataclass
+class CellRun:
+    workload: str
+    cell: Cell
+    repeat: int
+    counters: Counters
+    identical: bool
+    wall_s: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def make_source(cell: Cell, backend) -> tuple[DraftSource | None, int]:
+    """The draft source and draft length a cell asks for, built fresh (no state across runs)."""
+    from promptlookup.drafting.suffix import DEFAULT_MAX_MATCH, DEFAULT_MIN_MATCH, SuffixMatchSource
+    from promptlookup.speculate import MAX_DRAFT
+
+    if cell.name == "off":
+        return None, 1
+    if cell.name == "ngram":
+        src = SuffixMatchSource(cell.int_option("min", DEFAULT_MIN_MATCH),
+                                cell.int_option("max", DEFAULT_MAX_MATCH))
+        return src, cell.int_option("draft", 3)
+    from promptlookup.drafting.lookup import make_lookup_source
+
+    if cell.name == "lookup":
+        return (make_lookup_source(cell.get("static"), cell.get("dynamic"), backend.n_vocab,
+                                   backend.fingerprint), cell.int_option("draft", 3))
+    # auto
+    from promptlookup.costs import CostCurve, cached_cost_curve
+    from promptlookup.drafting.controller import AutoDrafter
+
+    curve = CostCurve.load(cell.get("curve")) if cell.get("curve") else cached_cost_curve(backend)
+    sources = [SuffixMatchSource(min_match=1),
+               make_lookup_source(cell.get("static"), None, backend.n_vocab, backend.fingerprint)]
+    return AutoDrafter(sources, curve.relative(MAX_DRAFT + 1), max_draft=MAX_DRAFT), MAX_DRAFT
+
+
+def run_bench(backend, workloads: dict[str, list[int]], cells: Sequence[Cell], repeat: int, n_predict: int,
+              progress: Callable[[str], None] | None = None) -> list[CellRun]:
+    """Run every (workload, cell) ``repeat`` times, alternating cells within each round."""
+    from promptlookup.speculate import generate
+
+    runs: list[CellRun] = []
+    total = len(workloads) * len(cells) * repeat
+    done = 0
+    for wname, prompt in workloads.items():
+        reference: list[int] | None = None
+        for r in range(repeat):
+            order = list(cells) if r % 2 == 0 else list(reversed(cells))
+            for cell in order:
+                done += 1
+                if progress:
+                    progress(f"[{done}/{total}] {wname} {cell.label} (round {r + 1})")
+                source, draft = make_source(cell, backend)
+                t0 = time.perf_counter()
+                gen = generate(backend, prompt, n_predict, source=source, draft=draft)
+                wall = time.perf_counter() - t0
+                if cell.name == "off" and reference is None:
+                    reference = gen.tokens
+                extra = {}
+                cal = getattr(source, "calibration", None)
+                if cal is not None:
+                    extra = {"calibration": round(cal.ratio, 3), "auto_steps": cal.chosen_steps}
+                runs.append(CellRun(wname, cell, r + 1, gen.counters, gen.tokens == reference
+                                    if reference is not None else True, wall, extra))
+    return runs
+
+
+def table(runs: Sequence[CellRun]) -> str:
+    head = ("| workload | cell | round | tok/s | effective | acceptance | tok/verify | drafted steps | "
+            "decodes | majflt/token | identical to plain |")
+    lines = [head, "|" + "---|" * 11]
+    for r in runs:
+        c = r.counters
+        acc = f"{100 * c.acceptance:.1f}%" if c.drafted_tokens else "-"
+        cov = f"{100 * c.coverage:.1f}%" if r.cell.name != "off" else "-"
+        lines.append(f"| {r.workload} | {r.cell.label} | {r.repeat} | {c.reported_tps:.2f} | "
+                     f"**{c.effective_tps:.2f}** | {acc} | {c.tokens_per_decode:.2f} | {cov} | {c.decodes} | "
+                     f"{c.major_faults_per_token:.2f} | {'yes' if r.identical else 'no'} |")
+    return "\n".join(lines)
+
+
+def summary(runs: Sequence[CellRun]) -> str:
+    """Per workload: the off noise band, and each cell's median effective rate against it."""
+    out = ["| workload | cell | median effective tok/s | vs off (median) | off band |",
+           "|---|---|---|---|---|"]
+    for w in dict.fromkeys(r.workload for r in runs):
+        mine = [r for r in runs if r.workload == w]
+        off = [r.counters.effective_tps for r in mine if r.cell.name == "off"]
+        base = statistics.median(off) if off else 0.0
+        band = f"{min(off):.2f}-{max(off):.2f}" if off else "-"
+        for label in dict.fromkeys(r.cell.label for r in mine):
+            eff = statistics.median(r.counters.effective_tps for r in mine if r.cell.label == label)
+            ratio = f"{eff / base:.2f}x" if base else "-"
+            out.append(f"| {w} | {label} | {eff:.2f} | {ratio} | {band} |")
+    return "\n".join(out)
+
+
+def csv_text(runs: Sequence[CellRun]) -> str:
+    buf = io.StringIO()
+    rows = []
+    for r in runs:
+        rows.append({"workload": r.workload, "cell": r.cell.label, "round": r.repeat,
+                     "identical": r.identical, "wall_s": round(r.wall_s, 4), **r.extra,
+                     **r.counters.as_dict()})
+    keys = list(dict.fromkeys(k for row in rows for k in row))
+    w = csv.DictWriter(buf, fieldnames=keys)
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+def chart(runs: Sequence[CellRun], path: Path) -> None:
+    """A PNG of effective tok/s per cell, with the off runs' band shaded, one panel per workload."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = list(dict.fromkeys(r.workload for r in runs))
+    fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 4), squeeze=False)
+    for ax, w in zip(axes[0], workloads, strict=True):
+        mine = [r for r in runs if r.workload == w]
+        labels = list(dict.fromkeys(r.cell.label for r in mine))
+        off = [r.counters.effective_tps for r in mine if r.cell.name == "off"]
+        if off:
+            ax.axhspan(min(off), max(off), color="0.85", label="off band")
+        for i, label in enumerate(labels):
+            ys = [r.counters.effective_tps for r in mine if r.cell.label == label]
+            ax.scatter([i] * len(ys), ys, zorder=3)
+        ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
+        ax.set_title(w)
+        ax.set_ylabel("effective tok/s")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def stderr_progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
