@@ -70,13 +70,54 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--system", help="system message for --chat")
     g.add_argument("-n", "--n-predict", type=_int_in(1, None, "--n-predict"), default=256,
                    help="maximum tokens to generate (default 256)")
-    g.add_argument("--ngram", action="store_true", help="draft by suffix match (seed 000)")
+    how = g.add_mutually_exclusive_group()
+    how.add_argument("--ngram", action="store_true", help="draft by suffix match (seed 000)")
+    how.add_argument("--lookup", action="store_true", help="draft by llama.cpp's n-gram caches")
+    _add_lookup_cache_args(g)
     _add_draft_args(g)
     g.add_argument("--csv", metavar="FILE", help="append one key=value row of counters to FILE")
     g.add_argument("--json", action="store_true",
                    help="print one JSON object (tokens, text, counters) instead of text + report")
     g.set_defaults(func=cmd_generate)
+    _add_lookup_commands(sub)
     return parser
+
+
+def _add_lookup_cache_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lookup-cache-static", metavar="FILE", help="static 2-gram cache (either format)")
+    p.add_argument("--lookup-cache-dynamic", metavar="FILE",
+                   help="dynamic cache (llama.cpp format): loaded at start; generate also saves it")
+
+
+def _add_lookup_commands(sub) -> None:
+    c = sub.add_parser("create", help="build a static lookup cache from a corpus")
+    c.add_argument("-m", "--model", help="GGUF whose tokenizer to use (default: bundled SmolLM2)")
+    c.add_argument("-f", "--file", nargs="+", required=True, metavar="CORPUS", help="corpus text file(s)")
+    c.add_argument("-o", "--output", required=True, metavar="CACHE", help="cache file to write")
+    c.add_argument("-t", "--threads", type=_int_in(1, None, "--threads"), help="tokenizer processes")
+    c.add_argument("--format", choices=("static", "llamacpp"), default="static",
+                   help="our mmap format (default) or llama.cpp's")
+    c.add_argument("--no-progress", action="store_true", help="no progress bar")
+    c.set_defaults(func=cmd_create)
+
+    m = sub.add_parser("merge", help="add the counts of lookup caches together")
+    m.add_argument("inputs", nargs="+", metavar="IN", help="cache files (either format)")
+    m.add_argument("-o", "--output", required=True, metavar="OUT", help="cache file to write")
+    m.add_argument("--format", choices=("static", "llamacpp"),
+                   help="output format (default: the first input's)")
+    m.add_argument("-m", "--model",
+                   help="GGUF, for the fingerprint when writing our format from llama.cpp files")
+    m.set_defaults(func=cmd_merge)
+
+    st = sub.add_parser("stats", help="replay a text as if generated and report drafting (lookup-stats)")
+    _add_model_args(st)
+    st.add_argument("-f", "--file", required=True, metavar="TEXT", help="text to replay")
+    _add_lookup_cache_args(st)
+    _add_draft_args(st)
+    st.add_argument("--source", choices=("lookup", "ngram"), default="lookup", help="draft source")
+    st.add_argument("--json", action="store_true", help="print one JSON object")
+    st.set_defaults(func=cmd_stats)
+
 
 
 def _read_prompt(args: argparse.Namespace) -> str:
@@ -130,10 +171,21 @@ def cmd_generate(args: argparse.Namespace) -> int:
             f"the prompt is {len(ids)} tokens but the context holds {backend.n_ctx} "
             "(raise -c/--ctx-size or shorten it)"
         )
+    if (args.lookup_cache_static or args.lookup_cache_dynamic) and not args.lookup:
+        raise UsageError("--lookup-cache-static/--lookup-cache-dynamic need --lookup")
     source = (
         SuffixMatchSource(args.ngram_min_match, args.ngram_max_match) if args.ngram else None
     )
+    if args.lookup:
+        from promptlookup.drafting.lookup import make_lookup_source
+
+        source = make_lookup_source(args.lookup_cache_static, args.lookup_cache_dynamic,
+                                    backend.n_vocab, backend.fingerprint)
     result = generate(backend, ids, args.n_predict, source=source, draft=args.draft)
+    if args.lookup and args.lookup_cache_dynamic:
+        from promptlookup.drafting.lookup import save_lookup_dynamic
+
+        save_lookup_dynamic(source, args.lookup_cache_dynamic)
     out_text = backend.detokenize(result.tokens)
     c = result.counters
     if args.csv:
@@ -150,6 +202,49 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(out_text, flush=True)
         for line in c.report_lines():
             print(line, file=sys.stderr)
+    return 0
+
+
+def cmd_create(args: argparse.Namespace) -> int:
+    from promptlookup.backends.llama_cpp import default_threads
+    from promptlookup.corpus import run_create
+    from promptlookup.models import resolve_model
+
+    st = run_create(args.file, resolve_model(args.model), args.output, fmt=args.format,
+                    workers=args.threads or default_threads(), progress=not args.no_progress)
+    for line in st.report_lines():
+        print(line, file=sys.stderr)
+    return 0
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from promptlookup.drafting.llamacpp_file import merge_files
+
+    def vocab() -> tuple[int, str]:
+        from promptlookup.corpus import VocabTokenizer
+        from promptlookup.models import resolve_model
+
+        tok = VocabTokenizer(resolve_model(args.model))
+        return tok.n_vocab, tok.fingerprint()
+
+    print(merge_files(args.inputs, args.output, args.format, vocab), file=sys.stderr)
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from promptlookup.models import resolve_model
+    from promptlookup.replay import run_stats
+
+    if args.ngram_max_match < args.ngram_min_match:
+        raise UsageError(f"--ngram-max-match ({args.ngram_max_match}) is below "
+                         f"--ngram-min-match ({args.ngram_min_match})")
+    st = run_stats(args.file, str(resolve_model(args.model)), args.ctx_size, args.draft, args.source,
+                   args.lookup_cache_static, args.lookup_cache_dynamic,
+                   args.ngram_min_match, args.ngram_max_match)
+    if args.json:
+        print(st.to_json())
+    else:
+        print("\n".join(st.report_lines()))
     return 0
 
 

@@ -1,0 +1,320 @@
+"""Tokenize a corpus and count its 2-gram followers into a static cache (``promptlookup create``).
+
+Why this shape: llama.cpp's lookup-create tokenizes the whole corpus in one call on one core and
+counts into hash maps of hash maps (about 2x the file in memory, hours-scale for big corpora). Here:
+
+- The corpus files are read as one byte stream (as ``cat`` would join them) in blocks of a few MiB,
+  each cut just before a newline that follows a printable ASCII character. Every pre-tokenizer we
+  know ends a piece there (a word, number or punctuation run never swallows a newline), so tokenizing
+  the blocks separately gives the tokens of the whole text; tests check that on real text.
+- Worker processes each load only the model's vocabulary (``vocab_only``), tokenize a block and count
+  its (t0, t1, follower) triples with numpy: a triple is one uint64 (21 bits per id), ``np.unique``
+  gives sorted keys and counts. The parent merges the sorted runs (numba, a binary-counter stack of
+  runs so the total work is N log N), adds the triples that straddle block boundaries, and decodes.
+- At most two blocks per worker are in flight, so memory is bounded by the distinct triples, not the
+  corpus size. Text is read as is: no escape processing (llama.cpp processes escapes in ``-f`` text
+  unless given ``--no-escape``) and the last newline is kept (llama.cpp drops it).
+
+Tokenization is llama.cpp's: ``add_special`` at the start of the stream, ``parse_special`` on.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import sys
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+
+import numpy as np
+from numba import njit
+
+from promptlookup.drafting.static_cache import StaticCache, from_sorted_triples
+
+BLOCK = 4 << 20  # bytes per tokenization block
+MAX_BLOCK = 64 << 20  # a block with no safe cut by then is cut hard
+MAX_VOCAB = 1 << 21  # three ids must fit one uint64
+
+
+class VocabTokenizer:
+    """The model's tokenizer alone: no weights loaded."""
+
+    def __init__(self, model_path: str | os.PathLike[str]) -> None:
+        import llama_cpp  # deferred: loads the shared library
+
+        self._lib = llama_cpp
+        self.model_path = Path(model_path)
+        from llama_cpp._utils import suppress_stdout_stderr
+
+        try:
+            with suppress_stdout_stderr(disable=False):
+                self._llama = llama_cpp.Llama(model_path=str(model_path), vocab_only=True, verbose=False)
+        except (ValueError, RuntimeError) as exc:
+            raise ValueError(f"llama.cpp could not load the vocabulary of {model_path}: {exc}") from exc
+        self._vocab = llama_cpp.llama_model_get_vocab(self._llama.model)
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+
+    def tokenize(self, data: bytes, add_special: bool = True, parse_special: bool = True) -> np.ndarray:
+        buf = np.empty(len(data) + 8, dtype=np.int32)
+        ptr = buf.ctypes.data_as(ctypes.POINTER(self._lib.llama_token))
+        n = self._lib.llama_tokenize(self._vocab, data, len(data), ptr, len(buf), add_special, parse_special)
+        if n < 0:  # cannot happen with one slot per byte plus specials, but never trust a length
+            buf = np.empty(-n, dtype=np.int32)
+            ptr = buf.ctypes.data_as(ctypes.POINTER(self._lib.llama_token))
+            n = self._lib.llama_tokenize(self._vocab, data, len(data), ptr, len(buf), add_special,
+                                         parse_special)
+        return buf[:n].copy()
+
+    def fingerprint(self) -> str:
+        from promptlookup.fingerprint import fingerprint_pieces
+
+        return fingerprint_pieces(
+            self.n_vocab, (self._llama.detokenize([t], special=True) for t in range(self.n_vocab))
+        )
+
+
+# -- splitting --------------------------------------------------------------------------------
+def _safe_cut(buf: bytes | bytearray) -> int:
+    """Last position p with buf[p] == '\\n' and buf[p-1] printable non-space ASCII; 0 if none."""
+    p = len(buf)
+    while True:
+        p = buf.rfind(b"\n", 0, p)
+        if p <= 0:
+            return 0
+        if 0x21 <= buf[p - 1] <= 0x7E:
+            return p
+
+
+def iter_blocks(paths: Sequence[str | os.PathLike[str]], block: int = BLOCK) -> Iterator[bytes]:
+    """The concatenated files as blocks cut at safe points."""
+    pending = bytearray()
+    for path in paths:
+        with open(path, "rb") as fh:
+            while True:
+                data = fh.read(block)
+                if not data:
+                    break
+                pending += data
+                while len(pending) >= block:
+                    cut = _safe_cut(pending)
+                    if cut == 0:
+                        if len(pending) < MAX_BLOCK:
+                            break
+                        cut = len(pending)
+                    yield bytes(pending[:cut])
+                    del pending[:cut]
+    if pending:
+        yield bytes(pending)
+
+
+# -- counting ---------------------------------------------------------------------------------
+def triple_bits(n_vocab: int) -> int:
+    if n_vocab > MAX_VOCAB:
+        raise ValueError(f"vocabularies above {MAX_VOCAB} tokens are not supported by create "
+                         f"(this one has {n_vocab})")
+    return max(1, (n_vocab - 1).bit_length())
+
+
+def count_triples(tokens: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted distinct (t0, t1, follower) keys of a token run and their counts."""
+    t = np.asarray(tokens, dtype=np.uint64)
+    if len(t) < 3:
+        return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.uint32)
+    b = np.uint64(bits)
+    keys = (t[:-2] << (b + b)) | (t[1:-1] << b) | t[2:]
+    keys, counts = np.unique(keys, return_counts=True)
+    return keys, counts.astype(np.uint32)
+
+
+@njit(cache=True)
+def _merge_runs(ka, ca, kb, cb):
+    out_k = np.empty(ka.shape[0] + kb.shape[0], dtype=np.uint64)
+    out_c = np.empty(ka.shape[0] + kb.shape[0], dtype=np.uint32)
+    i = j = n = 0
+    overflow = False
+    while i < ka.shape[0] and j < kb.shape[0]:
+        if ka[i] < kb[j]:
+            out_k[n] = ka[i]
+            out_c[n] = ca[i]
+            i += 1
+        elif kb[j] < ka[i]:
+            out_k[n] = kb[j]
+            out_c[n] = cb[j]
+            j += 1
+        else:
+            s = np.uint64(ca[i]) + np.uint64(cb[j])
+            if s > np.uint64(4294967295):
+                overflow = True
+            out_k[n] = ka[i]
+            out_c[n] = np.uint32(s)
+            i += 1
+            j += 1
+        n += 1
+    while i < ka.shape[0]:
+        out_k[n] = ka[i]
+        out_c[n] = ca[i]
+        i += 1
+        n += 1
+    while j < kb.shape[0]:
+        out_k[n] = kb[j]
+        out_c[n] = cb[j]
+        j += 1
+        n += 1
+    return out_k[:n].copy(), out_c[:n].copy(), overflow
+
+
+class RunStack:
+    """Sorted (key, count) runs merged like a binary counter: N log N work, bounded live memory."""
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def push(self, keys: np.ndarray, counts: np.ndarray) -> None:
+        self.runs.append((keys, counts))
+        while len(self.runs) >= 2 and len(self.runs[-2][0]) <= 2 * len(self.runs[-1][0]):
+            self._merge_top()
+
+    def _merge_top(self) -> None:
+        kb, cb = self.runs.pop()
+        ka, ca = self.runs.pop()
+        k, c, overflow = _merge_runs(ka, ca, kb, cb)
+        if overflow:
+            raise ValueError("a 2-gram follower occurs more than 2**32 times: corpus too large")
+        self.runs.append((k, c))
+
+    def result(self) -> tuple[np.ndarray, np.ndarray]:
+        while len(self.runs) >= 2:
+            self._merge_top()
+        if not self.runs:
+            return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.uint32)
+        return self.runs.pop()
+
+
+_WORKER: VocabTokenizer | None = None
+
+
+def _worker_init(model_path: str) -> None:
+    global _WORKER
+    _WORKER = VocabTokenizer(model_path)
+
+
+def _worker_count(data: bytes, add_special: bool, bits: int) -> tuple:
+    assert _WORKER is not None
+    tokens = _WORKER.tokenize(data, add_special=add_special, parse_special=True)
+    keys, counts = count_triples(tokens, bits)
+    return keys, counts, tokens[:2].copy(), tokens[-2:].copy(), len(tokens)
+
+
+@dataclass
+class CreateStats:
+    n_bytes: int = 0
+    n_tokens: int = 0
+    n_keys: int = 0
+    n_followers: int = 0
+    seconds: float = 0.0
+    peak_rss_bytes: int = 0  # the parent
+    peak_rss_children_bytes: int = 0  # the largest worker
+
+    def report_lines(self) -> list[str]:
+        return [
+            f"create: {self.n_bytes / 1e6:.1f} MB -> {self.n_tokens} tokens -> {self.n_keys} 2-grams, "
+            f"{self.n_followers} followers in {self.seconds:.1f} s",
+            f"create: peak RSS {self.peak_rss_bytes / 2**20:.0f} MiB (parent), "
+            f"{self.peak_rss_children_bytes / 2**20:.0f} MiB (largest worker)",
+        ]
+
+
+def build_from_corpus(paths: Sequence[str | os.PathLike[str]], model_path: str | os.PathLike[str],
+                      n_vocab: int, fingerprint: str, workers: int = 2, progress: bool = True,
+                      block: int = BLOCK) -> tuple[StaticCache, CreateStats]:
+    """Tokenize ``paths`` (joined) in ``workers`` processes and build the static cache in memory."""
+    from tqdm import tqdm
+
+    for p in paths:
+        if not Path(p).is_file():
+            raise ValueError(f"corpus file not found: {p}")
+    bits = triple_bits(n_vocab)
+    total = sum(Path(p).stat().st_size for p in paths)
+    st = CreateStats(n_bytes=total)
+    t_start = time.perf_counter()
+    stack = RunStack()
+    edge: list[int] = []  # boundary triples, as flat token triples
+    tail = np.zeros(0, dtype=np.int32)
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc="create", disable=not progress, file=sys.stderr)
+
+    def absorb(result: tuple, nbytes: int) -> None:
+        nonlocal tail
+        keys, counts, head, last, n_tok = result
+        if n_tok:
+            joint = np.concatenate((tail, head))
+            for i in range(len(joint) - 2):
+                if i + 2 >= len(tail):  # straddles the boundary
+                    edge.extend(int(x) for x in joint[i : i + 3])
+            tail = np.concatenate((tail, last if n_tok >= 2 else head))[-2:]
+            if len(keys):
+                stack.push(keys, counts)
+            st.n_tokens += n_tok
+        bar.update(nbytes)
+
+    ctx = get_context("spawn")
+    with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=ctx, initializer=_worker_init,
+                             initargs=(str(model_path),)) as pool:
+        inflight: deque[tuple[Future, int]] = deque()
+        first = True
+        for data in iter_blocks(paths, block):
+            inflight.append((pool.submit(_worker_count, data, first, bits), len(data)))
+            first = False
+            while len(inflight) >= 2 * max(1, workers):
+                fut, nbytes = inflight.popleft()
+                absorb(fut.result(), nbytes)
+        while inflight:
+            fut, nbytes = inflight.popleft()
+            absorb(fut.result(), nbytes)
+    bar.close()
+    if edge:
+        e = np.asarray(edge, dtype=np.int64).reshape(-1, 3)
+        b = np.uint64(bits)
+        ek = ((e[:, 0].astype(np.uint64) << (b + b)) | (e[:, 1].astype(np.uint64) << b)
+              | e[:, 2].astype(np.uint64))
+        k, c = np.unique(ek, return_counts=True)
+        stack.push(k, c.astype(np.uint32))
+    keys, counts = stack.result()
+    b = np.uint64(bits)
+    mask = np.uint64((1 << bits) - 1)
+    t0 = (keys >> (b + b)).astype(np.int32)
+    t1 = ((keys >> b) & mask).astype(np.int32)
+    fol = (keys & mask).astype(np.int32)
+    del keys
+    cache = from_sorted_triples(t0, t1, fol, counts, n_vocab, fingerprint)
+    st.n_keys, st.n_followers = cache.n_keys, cache.n_followers
+    st.seconds = time.perf_counter() - t_start
+    st.peak_rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    st.peak_rss_children_bytes = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    return cache, st
+
+
+def run_create(paths: Sequence[str], model_path: str | os.PathLike[str], output: str, fmt: str = "static",
+               workers: int = 2, progress: bool = True) -> CreateStats:
+    """``promptlookup create``: build the static cache of ``paths`` and write it atomically to ``output``."""
+    from promptlookup.drafting.llamacpp_file import records_from_static, write_llamacpp
+    from promptlookup.drafting.static_cache import write_static
+
+    if fmt not in ("static", "llamacpp"):
+        raise ValueError(f"unknown cache format {fmt!r} (static or llamacpp)")
+    if not Path(output).resolve().parent.is_dir():
+        raise ValueError(f"output directory does not exist: {Path(output).parent}")
+    tok = VocabTokenizer(model_path)
+    fp = tok.fingerprint()
+    cache, st = build_from_corpus(paths, model_path, tok.n_vocab, fp, workers=workers, progress=progress)
+    if fmt == "static":
+        write_static(output, cache)
+    else:
+        write_llamacpp(output, *records_from_static(cache))
+    st.peak_rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return st

@@ -1,0 +1,318 @@
+"""``--lookup``: llama.cpp's lookup-decoding draft rule over the context, dynamic and static caches.
+
+The rule (llama.cpp ``common_ngram_cache_draft``), for each token to draft, on the sequence so far
+extended by the tokens already drafted:
+
+1. The static part: the followers of the last 2 tokens in the static cache (maybe none).
+2. Context cache, then dynamic cache: for n = 4, 3, 2, 1 (skipping n longer than the sequence),
+   look up the last n tokens. Each follower y scores ``count(y) * w(y)`` with ``w(y) = 100 *
+   static_count(y)`` when the static part has y, else 1. The best y passes when the n-gram was seen
+   at least ``a_n`` times in that cache and ``100 * count(best) >= p_n * total`` (count, not score).
+   The first passing n drafts its best; context thresholds are lax, dynamic ones strict.
+3. Neither drafted: the static part alone drafts its most frequent follower when the 2-gram was
+   seen at least 2 times and that follower holds at least 50 % (``LLAMA_NGRAM_STATIC = 2``).
+4. Nothing passed: stop. Otherwise append and repeat, up to k tokens. Fewer than 2 tokens of
+   confirmed sequence: no draft at all.
+
+Where we deliberately differ from llama.cpp (behaviour it has by accident, not by design):
+
+- Ties. llama.cpp keeps the first best follower its ``unordered_map`` iterates, an order set by
+  hashing and insertion history. We keep the lowest token id among equal scores (and, for the static
+  fall-back, among equal counts). Followers are sorted by id, so this is a strict ``>`` scan.
+- Overflow. llama.cpp multiplies two int32 (count x 100 x static count), which overflows on large
+  corpora and can change the winner. We use 64-bit integers: exact while the product is below 2**63.
+- Short sequences. For n longer than the sequence llama.cpp builds its n-gram from memory before the
+  buffer (undefined behaviour; in practice a key that matches nothing). We skip that n.
+
+:func:`draft_reference` states the rule in plain Python over any caches with ``get(ngram) -> {token:
+count}``; :func:`draft_into` is the numba twin the source uses. Tests hold them equal on real text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from numba import njit
+
+from promptlookup.drafting.base import Draft
+from promptlookup.drafting.ngram_cache import NGRAM_MAX, NGRAM_STATIC, NgramCache, _find
+from promptlookup.drafting.static_cache import (
+    STATIC_MIN_PERCENT,
+    STATIC_MIN_TOTAL,
+    StaticCache,
+    _follower_count,
+    _follower_range,
+    _search,
+    _static_key,
+    empty_static,
+)
+
+# llama.cpp's thresholds, index n - 1 (ngram-cache.cpp: draft_min_*_lax / _strict)
+CONTEXT_MIN_SAMPLE = (2, 2, 1, 1)
+CONTEXT_MIN_PERCENT = (66, 50, 50, 50)
+DYNAMIC_MIN_SAMPLE = (4, 3, 2, 2)
+DYNAMIC_MIN_PERCENT = (75, 66, 66, 66)
+STATIC_WEIGHT = 100
+
+ORIGIN_NONE, ORIGIN_CONTEXT, ORIGIN_DYNAMIC, ORIGIN_STATIC = 0, 1, 2, 3
+ORIGIN_NAMES = ("none", "context", "dynamic", "static")
+
+
+class _Empty:
+    def get(self, ngram: Sequence[int]) -> dict[int, int]:
+        return {}
+
+
+def _best(part: dict[int, int], weight) -> tuple[int, int]:
+    """(token, count) maximizing count * weight(token); the lowest token id among equal scores."""
+    best_tok, best_cnt, best_score = -1, 0, 0
+    for tok in sorted(part):
+        score = part[tok] * weight(tok)
+        if score > best_score:
+            best_tok, best_cnt, best_score = tok, part[tok], score
+    return best_tok, best_cnt
+
+
+def draft_one_reference(seq: Sequence[int], context, dynamic, static) -> tuple[int, int, int]:
+    """One drafted token for ``seq``: (token or -1, origin, n-gram size)."""
+    static_part = static.get(tuple(seq[-NGRAM_STATIC:])) if len(seq) >= NGRAM_STATIC else {}
+
+    def weight(tok: int) -> int:
+        return STATIC_WEIGHT * static_part[tok] if tok in static_part else 1
+
+    for cache, origin, min_sample, min_percent in (
+        (context, ORIGIN_CONTEXT, CONTEXT_MIN_SAMPLE, CONTEXT_MIN_PERCENT),
+        (dynamic, ORIGIN_DYNAMIC, DYNAMIC_MIN_SAMPLE, DYNAMIC_MIN_PERCENT),
+    ):
+        for n in range(NGRAM_MAX, 0, -1):
+            if n > len(seq):
+                continue
+            part = cache.get(tuple(seq[-n:]))
+            if not part:
+                continue
+            total = sum(part.values())
+            tok, cnt = _best(part, weight)
+            if total >= min_sample[n - 1] and 100 * cnt >= min_percent[n - 1] * total:
+                return tok, origin, n
+    if static_part:
+        total = sum(static_part.values())
+        tok, cnt = _best(static_part, lambda t: 1)
+        if total >= STATIC_MIN_TOTAL and 100 * cnt >= STATIC_MIN_PERCENT * total:
+            return tok, ORIGIN_STATIC, NGRAM_STATIC
+    return -1, ORIGIN_NONE, 0
+
+
+def draft_reference(seq: Sequence[int], k: int, context=None, dynamic=None, static=None) -> list[int]:
+    """The whole rule in plain Python: up to ``k`` tokens to follow ``seq``."""
+    context, dynamic, static = context or _Empty(), dynamic or _Empty(), static or _Empty()
+    seq = [int(t) for t in seq]
+    out: list[int] = []
+    if len(seq) < NGRAM_STATIC:
+        return out
+    while len(out) < k:
+        tok, _, _ = draft_one_reference(seq + out, context, dynamic, static)
+        if tok < 0:
+            break
+        out.append(tok)
+    return out
+
+
+# -- the numba twin -----------------------------------------------------------------------------
+_CTX_A = np.array(CONTEXT_MIN_SAMPLE, dtype=np.int64)
+_CTX_P = np.array(CONTEXT_MIN_PERCENT, dtype=np.int64)
+_DYN_A = np.array(DYNAMIC_MIN_SAMPLE, dtype=np.int64)
+_DYN_P = np.array(DYNAMIC_MIN_PERCENT, dtype=np.int64)
+
+
+@njit(cache=True)
+def _try_primary(buf, m, slots, keys, head, total, e_tok, e_cnt, e_next, min_a, min_p,
+                 key_off, fol_token, fol_count, s_lo, s_hi, info):
+    for n in range(4, 0, -1):
+        if n > m:
+            continue
+        b = m - n
+        t0 = buf[b]
+        t1 = buf[b + 1] if n > 1 else -1
+        t2 = buf[b + 2] if n > 2 else -1
+        t3 = buf[b + 3] if n > 3 else -1
+        s = _find(slots, keys, t0, t1, t2, t3)
+        if s < 0:
+            continue
+        best_tok = -1
+        best_cnt = np.int64(0)
+        best_score = np.int64(0)
+        e = head[s]
+        while e >= 0:
+            tok = e_tok[e]
+            cnt = e_cnt[e]
+            w = np.int64(1)
+            if s_hi > s_lo:
+                sc = _search(fol_token, fol_count, s_lo, s_hi, tok)
+                if sc > 0:
+                    w = 100 * sc
+            score = cnt * w
+            if score > best_score or (score == best_score and tok < best_tok):
+                best_tok = tok
+                best_cnt = cnt
+                best_score = score
+            e = e_next[e]
+        tot = total[s]
+        if tot < min_a[n - 1]:
+            continue
+        if 100 * best_cnt < min_p[n - 1] * tot:
+            continue
+        info[0] = n
+        info[1] = best_cnt
+        info[2] = tot
+        return best_tok
+    return -1
+
+
+@njit(cache=True)
+def _draft(buf, n, k,
+           c_slots, c_keys, c_head, c_total, c_tok, c_cnt, c_next,
+           d_slots, d_keys, d_head, d_total, d_tok, d_cnt, d_next,
+           first_off, key_second, key_best, key_total, key_off, fol_token, fol_count,
+           ctx_a, ctx_p, dyn_a, dyn_p, info):
+    """Write up to ``k`` drafted tokens at ``buf[n:]``; return how many. ``info`` gets the first's
+    origin, n-gram size, count and total."""
+    if n < 2:
+        return 0
+    d = 0
+    n_fol = fol_token.shape[0]
+    sub = np.zeros(3, dtype=np.int64)
+    while d < k:
+        m = n + d
+        key = _static_key(first_off, key_second, buf[m - 2], buf[m - 1])
+        s_lo, s_hi = _follower_range(key_off, n_fol, key)
+        origin = 1
+        tok = _try_primary(buf, m, c_slots, c_keys, c_head, c_total, c_tok, c_cnt, c_next, ctx_a, ctx_p,
+                           key_off, fol_token, fol_count, s_lo, s_hi, sub)
+        if tok < 0:
+            origin = 2
+            tok = _try_primary(buf, m, d_slots, d_keys, d_head, d_total, d_tok, d_cnt, d_next, dyn_a,
+                               dyn_p, key_off, fol_token, fol_count, s_lo, s_hi, sub)
+        if tok < 0 and s_hi > s_lo:
+            origin = 3
+            best = key_best[key]
+            tot = np.int64(key_total[key])
+            cnt = _follower_count(key_off, fol_token, fol_count, key, best)
+            if tot >= 2 and 100 * cnt >= 50 * tot:
+                tok = best
+                sub[0] = 2
+                sub[1] = cnt
+                sub[2] = tot
+        if tok < 0:
+            break
+        if d == 0:
+            info[0] = origin
+            info[1] = sub[0]
+            info[2] = sub[1]
+            info[3] = sub[2]
+        buf[m] = tok
+        d += 1
+    return d
+
+
+def _table(cache: NgramCache) -> tuple:
+    return (cache._slots, cache._keys, cache._head, cache._total, cache._e_tok, cache._e_cnt, cache._e_next)
+
+
+def draft_into(buf: np.ndarray, n: int, k: int, context: NgramCache, dynamic: NgramCache,
+               static: StaticCache, info: np.ndarray | None = None) -> int:
+    """Fast twin of :func:`draft_reference`: draft into ``buf[n:n+k]`` (int32, room needed)."""
+    if len(buf) < n + k:
+        raise ValueError(f"draft buffer holds {len(buf)} tokens, {n + k} needed")
+    info = np.zeros(4, dtype=np.int64) if info is None else info
+    return int(_draft(buf, n, k, *_table(context), *_table(dynamic), *static.arrays,
+                      _CTX_A, _CTX_P, _DYN_A, _DYN_P, info))
+
+
+def draft_fast(seq: Sequence[int], k: int, context: NgramCache | None = None,
+               dynamic: NgramCache | None = None, static: StaticCache | None = None) -> list[int]:
+    """Convenience: :func:`draft_into` on a copy of ``seq`` (for tests and one-off calls)."""
+    buf = np.zeros(len(seq) + k, dtype=np.int32)
+    buf[: len(seq)] = seq
+    d = draft_into(buf, len(seq), k, context or NgramCache(16), dynamic or NgramCache(16),
+                   static or empty_static())
+    return [int(t) for t in buf[len(seq) : len(seq) + d]]
+
+
+class LookupSource:
+    """``--lookup``: a DraftSource over the context cache (built here), a dynamic and a static cache.
+
+    ``commit()`` merges the context cache into the dynamic one and empties it: llama.cpp does this at
+    the end of a run (``lookup``) and after each chunk (``lookup-stats``).
+    """
+
+    name = "lookup"
+
+    def __init__(self, static: StaticCache | None = None, dynamic: NgramCache | None = None) -> None:
+        self.static = static if static is not None else empty_static()
+        self.dynamic = dynamic if dynamic is not None else NgramCache(16)
+        self.context = NgramCache()
+        self._buf = np.zeros(1024, dtype=np.int32)
+        self._n = 0
+        self._info = np.zeros(4, dtype=np.int64)
+
+    @property
+    def tokens(self) -> np.ndarray:
+        return self._buf[: self._n]
+
+    def _room(self, m: int) -> None:
+        if m > len(self._buf):
+            grown = np.zeros(max(2 * len(self._buf), m), dtype=np.int32)
+            grown[: self._n] = self._buf[: self._n]
+            self._buf = grown
+
+    def reset(self, prompt: Sequence[int]) -> None:
+        self.context.clear()
+        self._n = 0
+        self.extend(prompt)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        m = len(tokens)
+        if not m:
+            return
+        self._room(self._n + m)
+        self._buf[self._n : self._n + m] = tokens
+        self._n += m
+        self.context.update(self._buf, nnew=m, n=self._n)
+
+    def propose(self, k: int) -> Draft:
+        if k <= 0:
+            return Draft(source=self.name)
+        self._room(self._n + k)
+        self._info[:] = 0
+        d = draft_into(self._buf, self._n, k, self.context, self.dynamic, self.static, self._info)
+        origin, size, count, total = (int(x) for x in self._info)
+        return Draft(
+            tokens=tuple(int(t) for t in self._buf[self._n : self._n + d]),
+            source=self.name,
+            match_len=size,
+            features={"origin": float(origin), "count": float(count), "total": float(total)}
+            if d else {},
+        )
+
+    def commit(self) -> None:
+        self.dynamic.merge(self.context)
+        self.context.clear()
+
+
+def make_lookup_source(static_path: str | None, dynamic_path: str | None, n_vocab: int,
+                       fingerprint_fn) -> LookupSource:
+    """The ``--lookup`` source of a run: caches loaded from files (either may be absent)."""
+    from promptlookup.drafting.llamacpp_file import load_dynamic, open_static_any
+
+    static = open_static_any(static_path, n_vocab, fingerprint_fn) if static_path else None
+    dynamic = load_dynamic(dynamic_path, n_vocab) if dynamic_path else None
+    return LookupSource(static=static, dynamic=dynamic)
+
+
+def save_lookup_dynamic(source: LookupSource, path: str) -> None:
+    """End of a run: merge the context cache into the dynamic one and save it atomically."""
+    from promptlookup.drafting.llamacpp_file import save_dynamic
+
+    source.commit()
+    save_dynamic(path, source.dynamic)
