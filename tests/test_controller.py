@@ -37,8 +37,8 @@ def test_best_length_follows_the_cost_curve():
 
 
 def test_match_buckets():
-    assert [match_bucket(n) for n in (0, 1, 2, 3, 4, 5, 6, 8, 9, 15, 16, 99)] == [
-        0, 0, 1, 2, 3, 3, 4, 4, 5, 5, 6, 6]
+    assert [match_bucket(n) for n in (0, 1, 2, 3, 4, 5, 6, 8, 9, 15, 16, 31, 32, 99)] == [
+        0, 0, 1, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7]
 
 
 def test_acceptance_model_shrinks_toward_pool_and_prior():

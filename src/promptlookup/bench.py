@@ -104,11 +104,11 @@ def make_source(cell: Cell, backend) -> tuple[DraftSource | None, int]:
                                    backend.fingerprint), cell.int_option("draft", 3))
     # auto
     from promptlookup.costs import CostCurve, cached_cost_curve
-    from promptlookup.drafting.controller import AutoDrafter
+    from promptlookup.drafting.controller import AutoDrafter, auto_sources
 
     curve = CostCurve.load(cell.get("curve")) if cell.get("curve") else cached_cost_curve(backend)
-    sources = [SuffixMatchSource(min_match=1),
-               make_lookup_source(cell.get("static"), None, backend.n_vocab, backend.fingerprint)]
+    sources = auto_sources(make_lookup_source(cell.get("static"), None, backend.n_vocab,
+                                              backend.fingerprint))
     return AutoDrafter(sources, curve.relative(MAX_DRAFT + 1), max_draft=MAX_DRAFT), MAX_DRAFT
 
 

@@ -27,10 +27,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from promptlookup.drafting.base import Draft, DraftSource
+from promptlookup.drafting.suffix import SuffixMatchSource
 
-# Lower bounds of the match-length buckets: 1, 2, 3, 4-5, 6-8, 9-15, 16+.
-MATCH_BUCKETS = (1, 2, 3, 4, 6, 9, 16)
+# Lower bounds of the match-length buckets: 1, 2, 3, 4-5, 6-8, 9-15, 16-31, 32+.
+MATCH_BUCKETS = (1, 2, 3, 4, 6, 9, 16, 32)
+# Prior acceptance per bucket before any evidence: a longer exact match is a safer bet. These only
+# seed the estimates (worth ``prior_strength`` observations); the run's own outcomes take over fast.
+BUCKET_PRIOR = (0.3, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.93)
 MAX_POSITIONS = 16
+# Under the controller the suffix matcher drafts from any match (the buckets judge them) and measures
+# matches up to 64 tokens long: past 16 tokens a match is still getting more reliable.
+AUTO_MAX_MATCH = 64
 
 
 def match_bucket(match_len: int) -> int:
@@ -54,8 +61,11 @@ class AcceptanceModel:
     prior, so a bucket seen twice is not trusted like one seen a thousand times.
     """
 
-    def __init__(self, prior_mean: float = 0.5, prior_strength: float = 2.0, pool_strength: float = 4.0):
-        self.prior_mean = prior_mean
+    def __init__(self, prior_mean: Sequence[float] | float = BUCKET_PRIOR, prior_strength: float = 2.0,
+                 pool_strength: float = 4.0):
+        if isinstance(prior_mean, int | float):
+            prior_mean = (float(prior_mean),) * len(MATCH_BUCKETS)
+        self.prior_mean = tuple(prior_mean)
         self.prior_strength = prior_strength
         self.pool_strength = pool_strength
         self._cells: dict[tuple[str, int, int], _Beta] = {}
@@ -63,7 +73,8 @@ class AcceptanceModel:
 
     def _pooled(self, source: str, bucket: int) -> float:
         pool = self._pools.get((source, bucket), _Beta())
-        return (pool.hits + self.prior_mean * self.prior_strength) / (pool.trials + self.prior_strength)
+        prior = self.prior_mean[bucket]
+        return (pool.hits + prior * self.prior_strength) / (pool.trials + self.prior_strength)
 
     def p(self, source: str, match_len: int, position: int) -> float:
         """Conditional acceptance of the token at ``position`` (0-based) of a draft."""
@@ -147,9 +158,6 @@ class AutoDrafter:
         self._pending: list[_Pending] = []
         # start of the step -> (source drafted from, tokens sent, predicted accepted tokens)
         self._chosen: dict[int, tuple[str, int, float]] = {}
-        # Per source, how its most recently decided proposal fared: 0 = first token wrong,
-        # 1 = partly right, 2 = all right. Copying runs and novel stretches come in streaks.
-        self._streak: dict[str, int] = {}
 
     def reset(self, prompt: Sequence[int]) -> None:
         for s in self.sources:
@@ -157,7 +165,6 @@ class AutoDrafter:
         self._stream = []
         self._pending = []
         self._chosen = {}
-        self._streak = {}
 
     def extend(self, tokens: Sequence[int]) -> None:
         for s in self.sources:
@@ -178,9 +185,7 @@ class AutoDrafter:
             if not decided:
                 still.append(pend)
                 continue
-            self.model.observe(pend.draft.features.get("_key", pend.draft.source), pend.draft.match_len,
-                               len(toks), m)
-            self._streak[pend.draft.source] = 0 if m == 0 else (2 if m == len(toks) else 1)
+            self.model.observe(pend.draft.source, pend.draft.match_len, len(toks), m)
             chosen = self._chosen.get(pend.start)
             if chosen is not None and chosen[0] == pend.draft.source:
                 del self._chosen[pend.start]
@@ -199,10 +204,8 @@ class AutoDrafter:
             d = source.propose(self.max_draft)
             if not d.tokens:
                 continue
-            key = f"{d.source}|{self._streak.get(d.source, 1)}"
-            d = Draft(d.tokens, d.source, d.match_len, {**d.features, "_key": key})
             self._pending.append(_Pending(start, d))
-            p = [self.model.p(key, d.match_len, i) for i in range(min(len(d.tokens), depth))]
+            p = [self.model.p(d.source, d.match_len, i) for i in range(min(len(d.tokens), depth))]
             kk, rate = best_length(p, self.rel_cost)
             if kk > 0 and rate > best_rate + 1e-12:
                 best, best_k, best_rate = d, kk, rate
@@ -215,3 +218,8 @@ class AutoDrafter:
         self.calibration.per_source[best.source] = self.calibration.per_source.get(best.source, 0) + 1
         return Draft(tokens=best.tokens[:best_k], source=best.source, match_len=best.match_len,
                      features={**best.features, "expected_tokens": best_pred + 1.0, "rate": best_rate})
+
+
+def auto_sources(*extra: DraftSource | None) -> list[DraftSource]:
+    """The sources ``auto`` weighs: the suffix matcher, ungated, plus any others the run has."""
+    return [SuffixMatchSource(min_match=1, max_match=AUTO_MAX_MATCH), *(s for s in extra if s is not None)]
