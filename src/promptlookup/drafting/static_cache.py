@@ -305,6 +305,9 @@ def atomic_write(path: str | os.PathLike[str], chunks: Sequence[bytes | memoryvi
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; a cache is an ordinary file
         with os.fdopen(fd, "wb") as fh:
             for c in chunks:
                 fh.write(c.tobytes() if isinstance(c, np.ndarray) and not c.flags.c_contiguous else c)
