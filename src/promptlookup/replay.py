@@ -156,8 +156,16 @@ def run_stats(text: str, model_path: str, n_ctx: int, n_draft: int, source: str 
         from promptlookup.drafting.suffix import SuffixMatchSource
 
         return replay(tokens, n_ctx, n_draft, lambda: SuffixMatchSource(ngram_min_match, ngram_max_match))
+    if source == "suffix":
+        if static_path or dynamic_path:
+            raise ValueError("--lookup-cache-static/--lookup-cache-dynamic only apply to --source lookup")
+        from promptlookup.drafting.history import History
+        from promptlookup.drafting.suffix_source import SuffixSource
+
+        return replay(tokens, n_ctx, n_draft,
+                      lambda: SuffixSource(history=History(), n_vocab=tok.n_vocab))
     if source != "lookup":
-        raise ValueError(f"unknown draft source {source!r} (lookup or ngram)")
+        raise ValueError(f"unknown draft source {source!r} (lookup, ngram or suffix)")
     from promptlookup.drafting.llamacpp_file import load_dynamic, open_static_any
     from promptlookup.drafting.lookup import LookupSource
 
