@@ -73,6 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     how = g.add_mutually_exclusive_group()
     how.add_argument("--ngram", action="store_true", help="draft by suffix match (seed 000)")
     how.add_argument("--lookup", action="store_true", help="draft by llama.cpp's n-gram caches")
+    how.add_argument("--speculate", choices=("auto",),
+                     help="auto: per step, pick the source and draft length (0 = plain decode) that "
+                          "maximize expected tokens per unit of measured verify cost")
+    g.add_argument("--cost-curve", metavar="FILE",
+                   help="verify cost curve (JSON) for --speculate auto instead of measuring one")
     _add_lookup_cache_args(g)
     _add_draft_args(g)
     g.add_argument("--csv", metavar="FILE", help="append one key=value row of counters to FILE")
@@ -80,7 +85,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print one JSON object (tokens, text, counters) instead of text + report")
     g.set_defaults(func=cmd_generate)
     _add_lookup_commands(sub)
+    _add_bench_command(sub)
     return parser
+
+
+def _add_bench_command(sub) -> None:
+    b = sub.add_parser("bench", help="A/B cells back to back on one loaded model (seed 000's tables)")
+    _add_model_args(b)
+    b.add_argument("-w", "--workload", nargs="+", default=["benchmarks/workloads"], metavar="PATH",
+                   help="prompt files, or directories of *.txt prompts (default benchmarks/workloads)")
+    b.add_argument("--cells", default="off,ngram,auto",
+                   help="comma-separated cells, e.g. off,ngram,ngram:draft=1:min=5,lookup,auto")
+    b.add_argument("--repeat", type=_int_in(1, None, "--repeat"), default=2,
+                   help="rounds; off runs once per round, so at least 2 gives a noise band (default 2)")
+    b.add_argument("-n", "--n-predict", type=_int_in(1, None, "--n-predict"), default=256)
+    b.add_argument("--no-chat", action="store_true", help="feed the prompts raw, without the chat template")
+    b.add_argument("--csv", metavar="FILE", help="write every run's counters as CSV")
+    b.add_argument("--md", metavar="FILE", help="write the markdown tables")
+    b.add_argument("--png", metavar="FILE", help="write a chart of effective tok/s per cell")
+    b.set_defaults(func=cmd_bench)
 
 
 def _add_lookup_cache_args(p: argparse.ArgumentParser) -> None:
@@ -119,7 +142,6 @@ def _add_lookup_commands(sub) -> None:
     st.set_defaults(func=cmd_stats)
 
 
-
 def _read_prompt(args: argparse.Namespace) -> str:
     if args.prompt is not None:
         text = args.prompt
@@ -155,6 +177,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     if args.system is not None and not args.chat:
         raise UsageError("--system only applies with --chat")
+    if args.cost_curve and args.speculate != "auto":
+        raise UsageError("--cost-curve only applies with --speculate auto")
     if args.ngram_max_match < args.ngram_min_match:
         raise UsageError(
             f"--ngram-max-match ({args.ngram_max_match}) is below "
@@ -171,21 +195,26 @@ def cmd_generate(args: argparse.Namespace) -> int:
             f"the prompt is {len(ids)} tokens but the context holds {backend.n_ctx} "
             "(raise -c/--ctx-size or shorten it)"
         )
-    if (args.lookup_cache_static or args.lookup_cache_dynamic) and not args.lookup:
-        raise UsageError("--lookup-cache-static/--lookup-cache-dynamic need --lookup")
+    if (args.lookup_cache_static or args.lookup_cache_dynamic) and not (args.lookup or args.speculate):
+        raise UsageError("--lookup-cache-static/--lookup-cache-dynamic need --lookup or --speculate auto")
     source = (
         SuffixMatchSource(args.ngram_min_match, args.ngram_max_match) if args.ngram else None
     )
-    if args.lookup:
+    lookup_source = None
+    if args.lookup or args.speculate == "auto":
         from promptlookup.drafting.lookup import make_lookup_source
 
-        source = make_lookup_source(args.lookup_cache_static, args.lookup_cache_dynamic,
-                                    backend.n_vocab, backend.fingerprint)
-    result = generate(backend, ids, args.n_predict, source=source, draft=args.draft)
-    if args.lookup and args.lookup_cache_dynamic:
+        lookup_source = make_lookup_source(args.lookup_cache_static, args.lookup_cache_dynamic,
+                                           backend.n_vocab, backend.fingerprint)
+        source = lookup_source
+    draft = args.draft
+    if args.speculate == "auto":
+        source, draft = _auto_drafter(args, backend, lookup_source)
+    result = generate(backend, ids, args.n_predict, source=source, draft=draft)
+    if lookup_source is not None and args.lookup_cache_dynamic:
         from promptlookup.drafting.lookup import save_lookup_dynamic
 
-        save_lookup_dynamic(source, args.lookup_cache_dynamic)
+        save_lookup_dynamic(lookup_source, args.lookup_cache_dynamic)
     out_text = backend.detokenize(result.tokens)
     c = result.counters
     if args.csv:
@@ -202,7 +231,28 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(out_text, flush=True)
         for line in c.report_lines():
             print(line, file=sys.stderr)
+        if args.speculate == "auto":
+            print(_auto_report(source), file=sys.stderr)
     return 0
+
+
+def _auto_drafter(args: argparse.Namespace, backend, lookup_source):
+    """Every source this run has, under the cost-aware controller; returns (drafter, max draft)."""
+    from promptlookup.costs import CostCurve, cached_cost_curve
+    from promptlookup.drafting.controller import AutoDrafter, auto_sources
+    from promptlookup.speculate import MAX_DRAFT
+
+    curve = CostCurve.load(args.cost_curve) if args.cost_curve else cached_cost_curve(backend)
+    return (AutoDrafter(auto_sources(lookup_source), curve.relative(MAX_DRAFT + 1), max_draft=MAX_DRAFT),
+            MAX_DRAFT)
+
+
+def _auto_report(drafter) -> str:
+    cal = drafter.calibration
+    used = ", ".join(f"{k} on {v}" for k, v in sorted(cal.per_source.items())) or "none"
+    return (f"auto: drafted on {cal.chosen_steps} of {cal.steps} steps ({used}); "
+            f"predicted {cal.predicted:.1f} accepted tokens, realized {cal.realized} "
+            f"(calibration {cal.ratio:.2f})")
 
 
 def cmd_create(args: argparse.Namespace) -> int:
@@ -245,6 +295,50 @@ def cmd_stats(args: argparse.Namespace) -> int:
         print(st.to_json())
     else:
         print("\n".join(st.report_lines()))
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from promptlookup import bench
+    from promptlookup.costs import atomic_write_text
+
+    try:
+        cells = [bench.parse_cell(c) for c in args.cells.split(",") if c.strip()]
+    except bench.CellError as exc:
+        raise UsageError(str(exc)) from None
+    if not any(c.name == "off" for c in cells):
+        cells.insert(0, bench.parse_cell("off"))
+    files: list[Path] = []
+    for w in args.workload:
+        p = Path(w)
+        if p.is_dir():
+            files.extend(sorted(p.glob("*.txt")))
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise UsageError(f"workload not found: {p}")
+    if not files:
+        raise UsageError("no workload prompts found (give -w FILE or a directory of *.txt)")
+    backend = _load_backend(args)
+    workloads = {}
+    for f in files:
+        text = f.read_text(encoding="utf-8")
+        ids = (backend.tokenize(text) if args.no_chat
+               else backend.tokenize(backend.chat_prompt(text), parse_special=True))
+        if len(ids) + args.n_predict > backend.n_ctx:
+            raise UsageError(f"workload {f.name}: {len(ids)} prompt tokens + -n {args.n_predict} "
+                             f"exceed the context ({backend.n_ctx}); raise -c")
+        workloads[f.stem] = ids
+    runs = bench.run_bench(backend, workloads, cells, args.repeat, args.n_predict,
+                           progress=bench.stderr_progress)
+    md = bench.table(runs) + "\n\n" + bench.summary(runs) + "\n"
+    print(md)
+    if args.md:
+        atomic_write_text(Path(args.md), md)
+    if args.csv:
+        atomic_write_text(Path(args.csv), bench.csv_text(runs))
+    if args.png:
+        bench.chart(runs, Path(args.png))
     return 0
 
 
