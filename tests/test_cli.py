@@ -127,3 +127,25 @@ def test_report_lines_and_python_m(tmp_path):
     assert "tok/s effective" in lines[1]
     assert "the rest decoded plainly" in lines[2]
     assert "major faults per token" in lines[3] and "peak RSS" in lines[3]
+
+
+@requires_model
+@pytest.mark.model
+def test_stats_cost_curve_simulation(capsys, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("def f(x):\n    return x + 1\n\n" * 60)
+    curve = tmp_path / "c.json"
+    curve.write_text('{"seconds": [0.01, 0.018, 0.021, 0.025, 0.031, 0.035, 0.039, 0.04, 0.046]}')
+    code, out, _ = run_main(capsys, "stats", "-f", str(text), "--source", "ngram", "-c", "128",
+                            "--cost-curve", str(curve))
+    assert code == 0
+    rows = {ln.split("|")[1].strip(): ln for ln in out.splitlines() if ln.startswith("| ")}
+    assert {"ngram draft 3", "auto", "oracle"} <= set(rows)
+    speed = {k: float(v.rstrip(" |").rsplit("|", 1)[1].strip().rstrip("x")) for k, v in rows.items()
+             if k != "policy" and not k.startswith("---")}
+    assert speed["oracle"] >= max(speed.values()) - 1e-9
+
+
+def test_cost_curve_needs_auto(capsys):
+    code, _, err = run_main(capsys, "generate", "-p", "hi", "--cost-curve", "x.json")
+    assert code == 2 and "--cost-curve only applies with --speculate auto" in err

@@ -68,3 +68,26 @@ def test_cost_curve_files(tmp_path):
     with pytest.raises(CostCurveError, match="not found"):
         CostCurve.load(tmp_path / "missing.json")
     assert CostCurve((1.0, 2.0)).cost(4) == 4.0  # extrapolates the last slope
+
+
+def test_multi_source_oracle_takes_the_better_offer_each_step():
+    prompt, cont = [1, 2, 3, 9, 1, 2, 3, 7, 5], [1, 2, 3, 7, 5, 1, 2]
+    one = oracle(prompt, cont, SuffixMatchSource(min_match=1), 8, CostCurve.flat())
+    both = oracle(prompt, cont, [SuffixMatchSource(min_match=1), SuffixMatchSource(min_match=3)], 8,
+                  CostCurve.flat())
+    assert both.cost <= one.cost
+
+
+def test_simulate_text_chunks_and_labels():
+    from promptlookup.simulate import report_table, simulate_text
+
+    tokens = [1, 2, 3, 4] * 30
+    res = simulate_text(tokens, 40, CostCurve.flat(9),
+                        {"ngram 3": (lambda: SuffixMatchSource(min_match=1), 3)},
+                        oracle_sources=lambda: [SuffixMatchSource(min_match=1)])
+    assert [r.label for r in res] == ["ngram 3", "oracle"]
+    # two whole chunks of 40 (the third has no token after it), 39 tokens to produce in each
+    assert res[0].tokens == 78 and res[0].plain_cost == 76
+    assert res[1].cost <= res[0].cost
+    table = report_table(res, CostCurve.flat(9))
+    assert "| oracle |" in table and "speedup" in table

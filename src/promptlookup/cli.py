@@ -139,6 +139,9 @@ def _add_lookup_commands(sub) -> None:
     _add_draft_args(st)
     st.add_argument("--source", choices=("lookup", "ngram"), default="lookup", help="draft source")
     st.add_argument("--json", action="store_true", help="print one JSON object")
+    st.add_argument("--cost-curve", metavar="FILE",
+                    help="also simulate the speedup on a backend with this verify cost curve (JSON, or "
+                         "'flat' for a GPU-like curve): fixed draft lengths, auto, and the hindsight oracle")
     st.set_defaults(func=cmd_stats)
 
 
@@ -295,7 +298,46 @@ def cmd_stats(args: argparse.Namespace) -> int:
         print(st.to_json())
     else:
         print("\n".join(st.report_lines()))
+    if args.cost_curve:
+        print(_cost_simulation(args))
     return 0
+
+
+def _cost_simulation(args: argparse.Namespace) -> str:
+    """``stats --cost-curve``: the replay text under fixed lengths, auto and the oracle."""
+    from promptlookup.corpus import VocabTokenizer
+    from promptlookup.costs import CostCurve
+    from promptlookup.drafting.controller import AutoDrafter, auto_sources
+    from promptlookup.drafting.llamacpp_file import load_dynamic, open_static_any
+    from promptlookup.drafting.lookup import LookupSource
+    from promptlookup.drafting.suffix import SuffixMatchSource
+    from promptlookup.models import resolve_model
+    from promptlookup.replay import read_text_tokens
+    from promptlookup.simulate import report_table, simulate_text
+    from promptlookup.speculate import MAX_DRAFT
+
+    curve = CostCurve.flat(MAX_DRAFT + 1) if args.cost_curve == "flat" else CostCurve.load(args.cost_curve)
+    tok = VocabTokenizer(str(resolve_model(args.model)))
+    tokens = read_text_tokens(args.file, tok)
+    static = (open_static_any(args.lookup_cache_static, tok.n_vocab, tok.fingerprint)
+              if args.lookup_cache_static else None)
+    dynamic_path = args.lookup_cache_dynamic
+
+    def lookup() -> LookupSource:
+        dynamic = load_dynamic(dynamic_path, tok.n_vocab) if dynamic_path else None
+        return LookupSource(static=static, dynamic=dynamic)
+
+    def fixed():
+        if args.source == "ngram":
+            return SuffixMatchSource(args.ngram_min_match, args.ngram_max_match)
+        return lookup()
+
+    policies = {f"{args.source} draft {k}": (fixed, k) for k in sorted({1, 2, 3, 4, 8, args.draft})}
+    rel = curve.relative(MAX_DRAFT + 1)
+    policies["auto"] = (lambda: AutoDrafter(auto_sources(lookup()), rel, max_draft=MAX_DRAFT), MAX_DRAFT)
+    results = simulate_text(tokens, args.ctx_size, curve, policies,
+                            oracle_sources=lambda: auto_sources(lookup()), max_draft=MAX_DRAFT)
+    return report_table(results, curve)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

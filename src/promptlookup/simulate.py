@@ -101,13 +101,17 @@ def acceptable_lengths(prompt: Sequence[int], continuation: Sequence[int], sourc
     return out
 
 
-def oracle(prompt: Sequence[int], continuation: Sequence[int], source: DraftSource, max_draft: int,
-           curve: CostCurve) -> SimResult:
-    """The hindsight-optimal draft length at every step: the ceiling for any controller."""
+def oracle(prompt: Sequence[int], continuation: Sequence[int], source: DraftSource | Sequence[DraftSource],
+           max_draft: int, curve: CostCurve) -> SimResult:
+    """The hindsight-optimal source and draft length at every step: the ceiling for any controller
+    drafting from these sources."""
     n = len(continuation)
     if n == 0:
         return SimResult("oracle", 0, 0, 0, 0, 0.0, 0.0)
-    offers = acceptable_lengths(prompt, continuation, source, max_draft)
+    sources = [source] if isinstance(source, DraftSource) else list(source)
+    per_source = [acceptable_lengths(prompt, continuation, s, max_draft) for s in sources]
+    offers = [max(((min(o[i][0], max_draft), o[i][1]) for o in per_source), key=_offer_value)
+              for i in range(n)]
     unit = curve.cost(1)
     rel = [curve.cost(w) / unit for w in range(1, max_draft + 2)]
     # i = index in the continuation of the last confirmed token; the run ends at i = n - 1.
@@ -117,10 +121,9 @@ def oracle(prompt: Sequence[int], continuation: Sequence[int], source: DraftSour
     best[n - 1] = 0.0
     for i in range(n - 2, -1, -1):
         offered, accepted = offers[i]
-        top = min(offered, n - 2 - i, max_draft)
+        top = min(offered, n - 2 - i)
         for k in range(top + 1):
-            nxt = i + min(k, accepted) + 1
-            v = rel[k] + best[nxt]
+            v = rel[k] + best[i + min(k, accepted) + 1]
             if v < best[i] - 1e-12:
                 best[i], choice[i] = v, k
     steps = drafted = acc = 0
@@ -135,7 +138,69 @@ def oracle(prompt: Sequence[int], continuation: Sequence[int], source: DraftSour
     return SimResult("oracle", n, steps, drafted, acc, best[0], float(n - 1))
 
 
+def _offer_value(offer: tuple[int, int]) -> tuple[int, int]:
+    # In hindsight the best source at a step is the one whose draft the text accepts furthest; among
+    # equals the shorter offer, since the oracle never needs to send more than it accepts.
+    return offer[1], -offer[0]
+
+
 def sweep(prompt: Sequence[int], continuation: Sequence[int], make_source: Callable[[], DraftSource],
           curve: CostCurve, drafts: Sequence[int] = (1, 2, 3, 4, 8)) -> list[SimResult]:
     """Fixed draft lengths side by side on one text."""
     return [simulate(prompt, continuation, make_source(), k, curve, label=f"draft {k}") for k in drafts]
+
+
+def _chunks(tokens: Sequence[int], n_ctx: int) -> list[list[int]]:
+    """The replay's chunks (see :mod:`promptlookup.replay`): whole chunks of n_ctx tokens."""
+    toks = list(tokens)
+    return [toks[i : i + n_ctx] for i in range(0, len(toks) - n_ctx, n_ctx)] or (
+        [toks] if len(toks) >= 2 else [])
+
+
+def _total(label: str, parts: Sequence[SimResult]) -> SimResult:
+    return SimResult(label, sum(p.tokens for p in parts), sum(p.steps for p in parts),
+                     sum(p.drafted_tokens for p in parts), sum(p.accepted_tokens for p in parts),
+                     sum(p.cost for p in parts), sum(p.plain_cost for p in parts))
+
+
+def simulate_text(tokens: Sequence[int], n_ctx: int, curve: CostCurve,
+                  policies: dict[str, tuple[Callable[[], DraftSource], int]],
+                  oracle_sources: Callable[[], Sequence[DraftSource]] | None = None,
+                  max_draft: int = 8) -> list[SimResult]:
+    """Every policy (label -> (source factory, draft length)) over the replay's chunks, plus the
+    oracle over ``oracle_sources``. One source instance lives across chunks, as in the replay:
+    a source with ``commit()`` (the lookup caches) learns from earlier chunks."""
+    chunks = _chunks(tokens, n_ctx)
+    results = []
+    for label, (factory, draft) in policies.items():
+        source = factory()
+        commit = getattr(source, "commit", None)
+        parts = []
+        for chunk in chunks:
+            parts.append(simulate(chunk[:1], chunk[1:], source, draft, curve, label))
+            if commit is not None:
+                commit()
+        results.append(_total(label, parts))
+    if oracle_sources is not None:
+        sources = list(oracle_sources())
+        parts = []
+        for chunk in chunks:
+            parts.append(oracle(chunk[:1], chunk[1:], sources, max_draft, curve))
+            for s in sources:
+                if hasattr(s, "commit"):
+                    s.commit()
+        results.append(_total("oracle", parts))
+    return results
+
+
+def report_table(results: Sequence[SimResult], curve: CostCurve) -> str:
+    from promptlookup.costs import describe
+
+    lines = [f"cost curve ({curve.label or 'unnamed'}): {describe(curve)}",
+             "| policy | steps | drafted | accepted | accept % | cost (plain decodes) | speedup |",
+             "|---|---|---|---|---|---|---|"]
+    for r in results:
+        acc = f"{100 * r.accepted_tokens / r.drafted_tokens:.1f}%" if r.drafted_tokens else "-"
+        lines.append(f"| {r.label} | {r.steps} | {r.drafted_tokens} | {r.accepted_tokens} | {acc} | "
+                     f"{r.cost:.1f} | {r.speedup:.2f}x |")
+    return "\n".join(lines)

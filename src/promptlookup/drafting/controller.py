@@ -166,6 +166,13 @@ class AutoDrafter:
         self._pending = []
         self._chosen = {}
 
+    def commit(self) -> None:
+        """End of a request: sources that learn across requests (lookup's dynamic cache) keep it."""
+        for s in self.sources:
+            commit = getattr(s, "commit", None)
+            if commit is not None:
+                commit()
+
     def extend(self, tokens: Sequence[int]) -> None:
         for s in self.sources:
             s.extend(tokens)
