@@ -6,7 +6,8 @@ and the effective rate (drafting included) beside acceptance, tokens per verify 
 speculated cell also says whether its output is token-identical to the first plain run.
 
 A cell is ``NAME[:key=value...]``: ``off``, ``ngram`` (``draft``, ``min``, ``max``), ``lookup``
-(``draft``, ``static=FILE``, ``dynamic=FILE``) and ``auto`` (``static=FILE``, ``curve=FILE``).
+(``draft``, ``static=FILE``, ``dynamic=FILE``), ``suffix`` (``draft``) and ``auto`` (``static=FILE``,
+``curve=FILE``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ CELL_KEYS = {
     "off": set(),
     "ngram": {"draft", "min", "max"},
     "lookup": {"draft", "static", "dynamic"},
+    "suffix": {"draft"},
     "auto": {"static", "curve"},
 }
 
@@ -98,6 +100,10 @@ def make_source(cell: Cell, backend) -> tuple[DraftSource | None, int]:
                                 cell.int_option("max", DEFAULT_MAX_MATCH))
         return src, cell.int_option("draft", 3)
     from promptlookup.drafting.lookup import make_lookup_source
+    from promptlookup.drafting.suffix_source import make_suffix_source
+
+    if cell.name == "suffix":
+        return make_suffix_source(None, backend.n_vocab, backend.fingerprint), cell.int_option("draft", 3)
 
     if cell.name == "lookup":
         return (make_lookup_source(cell.get("static"), cell.get("dynamic"), backend.n_vocab,
@@ -108,7 +114,8 @@ def make_source(cell: Cell, backend) -> tuple[DraftSource | None, int]:
 
     curve = CostCurve.load(cell.get("curve")) if cell.get("curve") else cached_cost_curve(backend)
     sources = auto_sources(make_lookup_source(cell.get("static"), None, backend.n_vocab,
-                                              backend.fingerprint))
+                                              backend.fingerprint),
+                           make_suffix_source(None, backend.n_vocab, backend.fingerprint))
     return AutoDrafter(sources, curve.relative(MAX_DRAFT + 1), max_draft=MAX_DRAFT), MAX_DRAFT
 
 

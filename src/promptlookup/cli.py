@@ -73,12 +73,18 @@ def build_parser() -> argparse.ArgumentParser:
     how = g.add_mutually_exclusive_group()
     how.add_argument("--ngram", action="store_true", help="draft by suffix match (seed 000)")
     how.add_argument("--lookup", action="store_true", help="draft by llama.cpp's n-gram caches")
+    how.add_argument("--suffix", action="store_true",
+                     help="draft from a suffix automaton over the request and --suffix-history")
     how.add_argument("--speculate", choices=("auto",),
                      help="auto: per step, pick the source and draft length (0 = plain decode) that "
                           "maximize expected tokens per unit of measured verify cost")
     g.add_argument("--cost-curve", metavar="FILE",
                    help="verify cost curve (JSON) for --speculate auto instead of measuring one")
     _add_lookup_cache_args(g)
+    g.add_argument("--suffix-history", metavar="FILE",
+                   help="earlier requests for --suffix / auto: loaded at start, this run added and saved")
+    g.add_argument("--suffix-history-budget", type=_int_in(1, None, "--suffix-history-budget"),
+                   metavar="TOKENS", help="history memory budget in tokens; the oldest requests go first")
     _add_draft_args(g)
     g.add_argument("--csv", metavar="FILE", help="append one key=value row of counters to FILE")
     g.add_argument("--json", action="store_true",
@@ -137,12 +143,21 @@ def _add_lookup_commands(sub) -> None:
     st.add_argument("-f", "--file", required=True, metavar="TEXT", help="text to replay")
     _add_lookup_cache_args(st)
     _add_draft_args(st)
-    st.add_argument("--source", choices=("lookup", "ngram"), default="lookup", help="draft source")
+    st.add_argument("--source", choices=("lookup", "ngram", "suffix"), default="lookup",
+                    help="draft source")
     st.add_argument("--json", action="store_true", help="print one JSON object")
+    st.add_argument("--verify", action="store_true",
+                    help="full body check of the static cache at open (reads the whole file)")
+    st.add_argument("--reference", action="store_true",
+                    help="replay --lookup through the plain Python loop (the compiled loop's twin)")
     st.add_argument("--cost-curve", metavar="FILE",
                     help="also simulate the speedup on a backend with this verify cost curve (JSON, or "
                          "'flat' for a GPU-like curve): fixed draft lengths, auto, and the hindsight oracle")
     st.set_defaults(func=cmd_stats)
+
+    v = sub.add_parser("verify", help="check a static cache file whole: body CRC and every invariant")
+    v.add_argument("caches", nargs="+", metavar="CACHE", help="static cache files (our format)")
+    v.set_defaults(func=cmd_verify)
 
 
 def _read_prompt(args: argparse.Namespace) -> str:
@@ -198,6 +213,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             f"the prompt is {len(ids)} tokens but the context holds {backend.n_ctx} "
             "(raise -c/--ctx-size or shorten it)"
         )
+    if (args.suffix_history or args.suffix_history_budget) and not (args.suffix or args.speculate):
+        raise UsageError("--suffix-history/--suffix-history-budget need --suffix or --speculate auto")
     if (args.lookup_cache_static or args.lookup_cache_dynamic) and not (args.lookup or args.speculate):
         raise UsageError("--lookup-cache-static/--lookup-cache-dynamic need --lookup or --speculate auto")
     source = (
@@ -210,10 +227,22 @@ def cmd_generate(args: argparse.Namespace) -> int:
         lookup_source = make_lookup_source(args.lookup_cache_static, args.lookup_cache_dynamic,
                                            backend.n_vocab, backend.fingerprint)
         source = lookup_source
+    suffix_source = None
+    if args.suffix or args.speculate == "auto":
+        from promptlookup.drafting.suffix_source import make_suffix_source
+
+        suffix_source = make_suffix_source(args.suffix_history, backend.n_vocab, backend.fingerprint,
+                                           args.suffix_history_budget)
+        if args.suffix:
+            source = suffix_source
     draft = args.draft
     if args.speculate == "auto":
-        source, draft = _auto_drafter(args, backend, lookup_source)
+        source, draft = _auto_drafter(args, backend, lookup_source, suffix_source)
     result = generate(backend, ids, args.n_predict, source=source, draft=draft)
+    if suffix_source is not None and args.suffix_history:
+        from promptlookup.drafting.suffix_source import save_suffix_history
+
+        save_suffix_history(suffix_source, args.suffix_history)
     if lookup_source is not None and args.lookup_cache_dynamic:
         from promptlookup.drafting.lookup import save_lookup_dynamic
 
@@ -239,15 +268,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _auto_drafter(args: argparse.Namespace, backend, lookup_source):
+def _auto_drafter(args: argparse.Namespace, backend, lookup_source, suffix_source):
     """Every source this run has, under the cost-aware controller; returns (drafter, max draft)."""
     from promptlookup.costs import CostCurve, cached_cost_curve
     from promptlookup.drafting.controller import AutoDrafter, auto_sources
     from promptlookup.speculate import MAX_DRAFT
 
     curve = CostCurve.load(args.cost_curve) if args.cost_curve else cached_cost_curve(backend)
-    return (AutoDrafter(auto_sources(lookup_source), curve.relative(MAX_DRAFT + 1), max_draft=MAX_DRAFT),
-            MAX_DRAFT)
+    sources = auto_sources(lookup_source, suffix_source)
+    return AutoDrafter(sources, curve.relative(MAX_DRAFT + 1), max_draft=MAX_DRAFT), MAX_DRAFT
 
 
 def _auto_report(drafter) -> str:
@@ -284,6 +313,16 @@ def cmd_merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_verify(args: argparse.Namespace) -> int:
+    from promptlookup.drafting.static_cache import verify_static
+
+    for path in args.caches:
+        c = verify_static(path)
+        print(f"{path}: ok ({c.n_keys} 2-grams, {c.n_followers} followers, tokenizer {c.fingerprint})")
+        c.close()
+    return 0
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
     from promptlookup.models import resolve_model
     from promptlookup.replay import run_stats
@@ -293,7 +332,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
                          f"--ngram-min-match ({args.ngram_min_match})")
     st = run_stats(args.file, str(resolve_model(args.model)), args.ctx_size, args.draft, args.source,
                    args.lookup_cache_static, args.lookup_cache_dynamic,
-                   args.ngram_min_match, args.ngram_max_match)
+                   args.ngram_min_match, args.ngram_max_match, verify=args.verify, reference=args.reference)
     if args.json:
         print(st.to_json())
     else:

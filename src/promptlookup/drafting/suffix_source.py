@@ -387,3 +387,28 @@ class SuffixSource:
             features={"count": float(f[F_COUNT]), "total": float(f[F_TOTAL]),
                       "prob": float(f[F_PROB]), "from_history": float(f[F_FROM_HISTORY])},
         )
+
+
+def make_suffix_source(history_path: str | None, n_vocab: int, fingerprint_fn,
+                       budget: int | None = None) -> SuffixSource:
+    """The ``--suffix`` source of a run: with ``history_path``, earlier requests saved there (a
+    missing file starts an empty history that :func:`save_suffix_history` will create)."""
+    from pathlib import Path
+
+    from promptlookup.drafting.history import DEFAULT_BUDGET, History
+
+    history = None
+    if history_path is not None:
+        fp = fingerprint_fn()
+        if Path(history_path).exists():
+            history = History.load(history_path, fingerprint=fp, budget=budget)
+        else:
+            history = History(budget=budget or DEFAULT_BUDGET, fingerprint=fp)
+    return SuffixSource(history=history, n_vocab=n_vocab)
+
+
+def save_suffix_history(source: SuffixSource, path: str) -> None:
+    """Add the finished request to the history and write it atomically."""
+    source.commit()
+    if source.history is not None:
+        source.history.save(path)
