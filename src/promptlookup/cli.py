@@ -347,9 +347,11 @@ def _cost_simulation(args: argparse.Namespace) -> str:
     from promptlookup.corpus import VocabTokenizer
     from promptlookup.costs import CostCurve
     from promptlookup.drafting.controller import AutoDrafter, auto_sources
+    from promptlookup.drafting.history import History
     from promptlookup.drafting.llamacpp_file import load_dynamic, open_static_any
     from promptlookup.drafting.lookup import LookupSource
     from promptlookup.drafting.suffix import SuffixMatchSource
+    from promptlookup.drafting.suffix_source import SuffixSource
     from promptlookup.models import resolve_model
     from promptlookup.replay import read_text_tokens
     from promptlookup.simulate import report_table, simulate_text
@@ -366,16 +368,19 @@ def _cost_simulation(args: argparse.Namespace) -> str:
         dynamic = load_dynamic(dynamic_path, tok.n_vocab) if dynamic_path else None
         return LookupSource(static=static, dynamic=dynamic)
 
+    def suffix() -> SuffixSource:  # with a history, so later chunks draft from earlier ones
+        return SuffixSource(history=History(), n_vocab=tok.n_vocab)
+
     def fixed():
-        if args.source == "ngram":
-            return SuffixMatchSource(args.ngram_min_match, args.ngram_max_match)
-        return lookup()
+        return {"ngram": lambda: SuffixMatchSource(args.ngram_min_match, args.ngram_max_match),
+                "suffix": suffix, "lookup": lookup}[args.source]()
 
     policies = {f"{args.source} draft {k}": (fixed, k) for k in sorted({1, 2, 3, 4, 8, args.draft})}
     rel = curve.relative(MAX_DRAFT + 1)
-    policies["auto"] = (lambda: AutoDrafter(auto_sources(lookup()), rel, max_draft=MAX_DRAFT), MAX_DRAFT)
+    policies["auto"] = (lambda: AutoDrafter(auto_sources(lookup(), suffix()), rel, max_draft=MAX_DRAFT),
+                        MAX_DRAFT)
     results = simulate_text(tokens, args.ctx_size, curve, policies,
-                            oracle_sources=lambda: auto_sources(lookup()), max_draft=MAX_DRAFT)
+                            oracle_sources=lambda: auto_sources(lookup(), suffix()), max_draft=MAX_DRAFT)
     return report_table(results, curve)
 
 
