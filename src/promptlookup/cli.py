@@ -386,7 +386,7 @@ def _cost_simulation(args: argparse.Namespace) -> str:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from promptlookup import bench
-    from promptlookup.costs import atomic_write_text
+    from promptlookup.fileio import atomic_write_text
 
     try:
         cells = [bench.parse_cell(c) for c in args.cells.split(",") if c.strip()]

@@ -14,12 +14,13 @@ import hashlib
 import json
 import os
 import statistics
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from promptlookup.fileio import atomic_write_text
 
 MAX_CURVE_TOKENS = 16
 CACHE_DIR = Path(os.environ.get("PROMPTLOOKUP_CACHE", Path.home() / ".cache" / "promptlookup"))
@@ -88,21 +89,6 @@ class CostCurve:
     def flat(cls, n: int = MAX_CURVE_TOKENS, label: str = "flat") -> CostCurve:
         """A GPU-like curve: a verify of any width costs one decode."""
         return cls(tuple([1.0] * n), label)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that a killed process leaves the old file or the new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def measure_cost_curve(backend: Any, max_tokens: int = 9, reps: int = 5, context: int = 128) -> CostCurve:
