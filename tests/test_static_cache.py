@@ -165,7 +165,7 @@ def test_fuzz_static_loader(tmp_path, cut, flips):
     path = tmp_path / "f.plc"
     path.write_bytes(data)
     try:
-        c = open_static(path)
+        c = open_static(path, verify=True)
     except CacheFormatError:
         pass
     else:
@@ -211,3 +211,20 @@ def test_hostile_static_header_sizes(tmp_path):
     path.write_bytes(head + struct.pack("<I", zlib.crc32(head)))
     with pytest.raises(CacheFormatError, match="truncated"):
         open_static(path)
+
+
+def test_body_corruption_opens_fast_and_verify_refuses(tmp_path):
+    """The default open checks the header only; the body check is verify_static's (and --verify's)."""
+    from promptlookup.drafting.static_cache import verify_static
+
+    data = bytearray(expected_static_bytes())
+    data[-3] ^= 0x40  # a follower count
+    path = tmp_path / "c.plc"
+    path.write_bytes(bytes(data))
+    c = open_static(path, fingerprint=FP)  # header, sizes, header CRC: all fine
+    c.get((1, 2))
+    c.close()
+    with pytest.raises(CacheFormatError, match="checksum"):
+        verify_static(path, fingerprint=FP)
+    with pytest.raises(CacheFormatError, match="checksum"):
+        open_static(path, verify=True)

@@ -144,8 +144,13 @@ def read_text_tokens(path: str, tokenizer) -> list[int]:
 
 def run_stats(text: str, model_path: str, n_ctx: int, n_draft: int, source: str = "lookup",
               static_path: str | None = None, dynamic_path: str | None = None,
-              ngram_min_match: int = 3, ngram_max_match: int = 16) -> ReplayStats:
-    """``promptlookup stats``: tokenize ``text`` with the model's vocabulary and replay it."""
+              ngram_min_match: int = 3, ngram_max_match: int = 16, verify: bool = False,
+              reference: bool = False) -> ReplayStats:
+    """``promptlookup stats``: tokenize ``text`` with the model's vocabulary and replay it.
+
+    ``--lookup`` replays with the compiled loop (``replay_lookup``) unless ``reference``; ``verify``
+    runs the static cache's full body check at open (counted in the load time).
+    """
     from promptlookup.corpus import VocabTokenizer
 
     tok = VocabTokenizer(model_path)
@@ -169,8 +174,14 @@ def run_stats(text: str, model_path: str, n_ctx: int, n_draft: int, source: str 
     from promptlookup.drafting.llamacpp_file import load_dynamic, open_static_any
     from promptlookup.drafting.lookup import LookupSource
 
+    fingerprint = tok.fingerprint() if static_path else ""  # the tokenizer's, not the cache's work
     t0 = time.perf_counter()
-    static = open_static_any(static_path, tok.n_vocab, tok.fingerprint) if static_path else None
+    static = (open_static_any(static_path, tok.n_vocab, lambda: fingerprint, verify=verify)
+              if static_path else None)
     dynamic = load_dynamic(dynamic_path, tok.n_vocab) if dynamic_path else None
     t_load = time.perf_counter() - t0
-    return replay(tokens, n_ctx, n_draft, lambda: LookupSource(static=static, dynamic=dynamic), t_load)
+    if reference:
+        return replay(tokens, n_ctx, n_draft, lambda: LookupSource(static=static, dynamic=dynamic), t_load)
+    from promptlookup.replay_lookup import replay_lookup
+
+    return replay_lookup(tokens, n_ctx, n_draft, static=static, dynamic=dynamic, t_load_s=t_load)

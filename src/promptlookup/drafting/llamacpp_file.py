@@ -221,10 +221,12 @@ def save_dynamic(path: str | os.PathLike[str], cache: NgramCache) -> int:
 
 
 # -- files of either format (for the CLI) ------------------------------------------------------
-def open_static_any(path: str | os.PathLike[str], n_vocab: int, fingerprint_fn) -> StaticCache:
+def open_static_any(path: str | os.PathLike[str], n_vocab: int, fingerprint_fn,
+                    verify: bool = False) -> StaticCache:
     """A static cache from our format (mapped, fingerprint checked) or llama.cpp's (parsed, ids checked).
 
-    ``fingerprint_fn()`` gives the tokenizer's fingerprint; it is only called when needed.
+    ``fingerprint_fn()`` gives the tokenizer's fingerprint; it is only called when needed. ``verify``:
+    our format's full body check (llama.cpp's format is always parsed and checked whole).
     """
     from promptlookup.drafting.static_cache import is_static_file, open_static
 
@@ -232,7 +234,7 @@ def open_static_any(path: str | os.PathLike[str], n_vocab: int, fingerprint_fn) 
     if not path.is_file():
         raise CacheFormatError(f"static cache not found: {path}")
     if is_static_file(path):
-        cache = open_static(path, fingerprint=fingerprint_fn())
+        cache = open_static(path, fingerprint=fingerprint_fn(), verify=verify)
         if cache.n_vocab != n_vocab:
             raise CacheFormatError(f"{path}: built for a vocabulary of {cache.n_vocab} tokens, "
                                    f"the model has {n_vocab}")
@@ -256,7 +258,7 @@ def merge_files(inputs: list[str], output: str, fmt: str | None, vocab_fn=None) 
             raise CacheFormatError(f"cache not found: {p}")
     kinds = ["static" if is_static_file(p) else "llamacpp" for p in inputs]
     fmt = fmt or kinds[0]
-    statics = [open_static(p) for p, k in zip(inputs, kinds, strict=True) if k == "static"]
+    statics = [open_static(p, verify=True) for p, k in zip(inputs, kinds, strict=True) if k == "static"]
     try:
         fps = {(c.n_vocab, c.fingerprint) for c in statics}
         if len(fps) > 1:

@@ -126,7 +126,7 @@ _DYN_P = np.array(DYNAMIC_MIN_PERCENT, dtype=np.int64)
 
 
 @njit(cache=True)
-def _try_primary(buf, m, slots, keys, head, total, e_tok, e_cnt, e_next, min_a, min_p,
+def _try_primary(buf, m, slots, keys, head, total, maxc, e_tok, e_cnt, e_next, min_a, min_p,
                  key_off, fol_token, fol_count, s_lo, s_hi, info):
     for n in range(4, 0, -1):
         if n > m:
@@ -138,6 +138,11 @@ def _try_primary(buf, m, slots, keys, head, total, e_tok, e_cnt, e_next, min_a, 
         t3 = buf[b + 3] if n > 3 else -1
         s = _find(slots, keys, t0, t1, t2, t3)
         if s < 0:
+            continue
+        tot = total[s]
+        # Both tests of the rule, decided before the follower scan when they must fail: the best
+        # follower's count is at most the largest count, so this rejects exactly what the scan would.
+        if tot < min_a[n - 1] or 100 * maxc[s] < min_p[n - 1] * tot:
             continue
         best_tok = -1
         best_cnt = np.int64(0)
@@ -157,9 +162,6 @@ def _try_primary(buf, m, slots, keys, head, total, e_tok, e_cnt, e_next, min_a, 
                 best_cnt = cnt
                 best_score = score
             e = e_next[e]
-        tot = total[s]
-        if tot < min_a[n - 1]:
-            continue
         if 100 * best_cnt < min_p[n - 1] * tot:
             continue
         info[0] = n
@@ -170,29 +172,26 @@ def _try_primary(buf, m, slots, keys, head, total, e_tok, e_cnt, e_next, min_a, 
 
 
 @njit(cache=True)
-def _draft(buf, n, k,
-           c_slots, c_keys, c_head, c_total, c_tok, c_cnt, c_next,
-           d_slots, d_keys, d_head, d_total, d_tok, d_cnt, d_next,
-           first_off, key_second, key_best, key_total, key_off, fol_token, fol_count,
-           ctx_a, ctx_p, dyn_a, dyn_p, info):
-    """Write up to ``k`` drafted tokens at ``buf[n:]``; return how many. ``info`` gets the first's
-    origin, n-gram size, count and total."""
+def _draft_core(buf, n, k,
+                c_slots, c_keys, c_head, c_total, c_maxc, c_tok, c_cnt, c_next,
+                d_slots, d_keys, d_head, d_total, d_maxc, d_tok, d_cnt, d_next,
+                first_off, key_second, key_best, key_total, key_off, fol_token, fol_count,
+                ctx_a, ctx_p, dyn_a, dyn_p, info, sub):
     if n < 2:
         return 0
     d = 0
     n_fol = fol_token.shape[0]
-    sub = np.zeros(3, dtype=np.int64)
     while d < k:
         m = n + d
         key = _static_key(first_off, key_second, buf[m - 2], buf[m - 1])
         s_lo, s_hi = _follower_range(key_off, n_fol, key)
         origin = 1
-        tok = _try_primary(buf, m, c_slots, c_keys, c_head, c_total, c_tok, c_cnt, c_next, ctx_a, ctx_p,
-                           key_off, fol_token, fol_count, s_lo, s_hi, sub)
+        tok = _try_primary(buf, m, c_slots, c_keys, c_head, c_total, c_maxc, c_tok, c_cnt, c_next,
+                           ctx_a, ctx_p, key_off, fol_token, fol_count, s_lo, s_hi, sub)
         if tok < 0:
             origin = 2
-            tok = _try_primary(buf, m, d_slots, d_keys, d_head, d_total, d_tok, d_cnt, d_next, dyn_a,
-                               dyn_p, key_off, fol_token, fol_count, s_lo, s_hi, sub)
+            tok = _try_primary(buf, m, d_slots, d_keys, d_head, d_total, d_maxc, d_tok, d_cnt, d_next,
+                               dyn_a, dyn_p, key_off, fol_token, fol_count, s_lo, s_hi, sub)
         if tok < 0 and s_hi > s_lo:
             origin = 3
             best = key_best[key]
@@ -215,8 +214,24 @@ def _draft(buf, n, k,
     return d
 
 
+@njit(cache=True)
+def _draft(buf, n, k,
+           c_slots, c_keys, c_head, c_total, c_maxc, c_tok, c_cnt, c_next,
+           d_slots, d_keys, d_head, d_total, d_maxc, d_tok, d_cnt, d_next,
+           first_off, key_second, key_best, key_total, key_off, fol_token, fol_count,
+           ctx_a, ctx_p, dyn_a, dyn_p, info):
+    """Write up to ``k`` drafted tokens at ``buf[n:]``; return how many. ``info`` gets the first's
+    origin, n-gram size, count and total."""
+    sub = np.zeros(3, dtype=np.int64)
+    return _draft_core(buf, n, k, c_slots, c_keys, c_head, c_total, c_maxc, c_tok, c_cnt, c_next,
+                       d_slots, d_keys, d_head, d_total, d_maxc, d_tok, d_cnt, d_next,
+                       first_off, key_second, key_best, key_total, key_off, fol_token, fol_count,
+                       ctx_a, ctx_p, dyn_a, dyn_p, info, sub)
+
+
 def _table(cache: NgramCache) -> tuple:
-    return (cache._slots, cache._keys, cache._head, cache._total, cache._e_tok, cache._e_cnt, cache._e_next)
+    return (cache._slots, cache._keys, cache._head, cache._total, cache._maxc, cache._e_tok, cache._e_cnt,
+            cache._e_next)
 
 
 def draft_into(buf: np.ndarray, n: int, k: int, context: NgramCache, dynamic: NgramCache,

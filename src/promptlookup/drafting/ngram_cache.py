@@ -9,7 +9,10 @@ the n tokens before i gain one sighting of token ``i`` as their follower.
 Why two classes: :class:`DictNgramCache` is the plain statement (dicts of dicts) the tests trust;
 :class:`NgramCache` is the one the draft loop uses, a numba open-addressing table over numpy arrays
 (n-gram ids by hash, followers as a per-n-gram linked list of entries) so that updating and drafting
-never touch a Python object per token. Counts are 64-bit (llama.cpp: 32-bit). Follower order inside
+never touch a Python object per token. Counts are 64-bit (llama.cpp: 32-bit). Each n-gram also keeps
+its largest follower count, so the draft rule can reject an n-gram whose best follower cannot reach the
+threshold (``100 * max <= p * total``) without walking its followers: on a big dynamic cache a
+1-gram like a newline has thousands, and this check skips nearly all of them, exactly. Follower order inside
 an n-gram is irrelevant to the draft rule, which breaks ties by token id (see ``lookup``).
 """
 
@@ -101,7 +104,7 @@ def _find(slots, keys, t0, t1, t2, t3):
 
 
 @njit(cache=True)
-def _add(slots, keys, head, total, e_tok, e_cnt, e_next, meta, t0, t1, t2, t3, tok, cnt):
+def _add(slots, keys, head, total, maxc, e_tok, e_cnt, e_next, meta, t0, t1, t2, t3, tok, cnt):
     mask = slots.shape[0] - 1
     i = np.int64(_hash4(t0, t1, t2, t3) & np.uint64(mask))
     while True:
@@ -115,6 +118,7 @@ def _add(slots, keys, head, total, e_tok, e_cnt, e_next, meta, t0, t1, t2, t3, t
             keys[s, 3] = t3
             head[s] = -1
             total[s] = 0
+            maxc[s] = 0
             slots[i] = s
             break
         if keys[s, 0] == t0 and keys[s, 1] == t1 and keys[s, 2] == t2 and keys[s, 3] == t3:
@@ -125,6 +129,8 @@ def _add(slots, keys, head, total, e_tok, e_cnt, e_next, meta, t0, t1, t2, t3, t
     while e >= 0:
         if e_tok[e] == tok:
             e_cnt[e] += cnt
+            if e_cnt[e] > maxc[s]:
+                maxc[s] = e_cnt[e]
             return
         e = e_next[e]
     e = meta[1]
@@ -133,10 +139,12 @@ def _add(slots, keys, head, total, e_tok, e_cnt, e_next, meta, t0, t1, t2, t3, t
     e_cnt[e] = cnt
     e_next[e] = head[s]
     head[s] = e
+    if cnt > maxc[s]:
+        maxc[s] = cnt
 
 
 @njit(cache=True)
-def _update(slots, keys, head, total, e_tok, e_cnt, e_next, meta, seq, n, nnew, nmin, nmax):
+def _update(slots, keys, head, total, maxc, e_tok, e_cnt, e_next, meta, seq, n, nnew, nmin, nmax):
     for size in range(nmin, nmax + 1):
         start = max(n - nnew, size)
         for i in range(start, n):
@@ -145,25 +153,26 @@ def _update(slots, keys, head, total, e_tok, e_cnt, e_next, meta, seq, n, nnew, 
             t1 = seq[b + 1] if size > 1 else -1
             t2 = seq[b + 2] if size > 2 else -1
             t3 = seq[b + 3] if size > 3 else -1
-            _add(slots, keys, head, total, e_tok, e_cnt, e_next, meta, t0, t1, t2, t3, seq[i], 1)
+            _add(slots, keys, head, total, maxc, e_tok, e_cnt, e_next, meta, t0, t1, t2, t3, seq[i], 1)
 
 
 @njit(cache=True)
-def _merge(slots, keys, head, total, e_tok, e_cnt, e_next, meta,
+def _merge(slots, keys, head, total, maxc, e_tok, e_cnt, e_next, meta,
            o_keys, o_head, o_tok, o_cnt, o_next, o_n):
     for s in range(o_n):
         e = o_head[s]
         while e >= 0:
-            _add(slots, keys, head, total, e_tok, e_cnt, e_next, meta,
+            _add(slots, keys, head, total, maxc, e_tok, e_cnt, e_next, meta,
                  o_keys[s, 0], o_keys[s, 1], o_keys[s, 2], o_keys[s, 3], o_tok[e], o_cnt[e])
             e = o_next[e]
 
 
 @njit(cache=True)
-def _add_records(slots, keys, head, total, e_tok, e_cnt, e_next, meta, r_keys, r_off, r_tok, r_cnt):
+def _add_records(slots, keys, head, total, maxc, e_tok, e_cnt, e_next, meta, r_keys, r_off, r_tok,
+                 r_cnt):
     for r in range(r_keys.shape[0]):
         for j in range(r_off[r], r_off[r + 1]):
-            _add(slots, keys, head, total, e_tok, e_cnt, e_next, meta,
+            _add(slots, keys, head, total, maxc, e_tok, e_cnt, e_next, meta,
                  r_keys[r, 0], r_keys[r, 1], r_keys[r, 2], r_keys[r, 3], r_tok[j], r_cnt[j])
 
 
@@ -210,6 +219,7 @@ class NgramCache:
         self._keys = np.full((capacity, 4), PAD, dtype=np.int32)
         self._head = np.full(capacity, -1, dtype=np.int64)
         self._total = np.zeros(capacity, dtype=np.int64)
+        self._maxc = np.zeros(capacity, dtype=np.int64)  # largest follower count: prunes the draft scan
         self._e_tok = np.zeros(capacity, dtype=np.int32)
         self._e_cnt = np.zeros(capacity, dtype=np.int64)
         self._e_next = np.full(capacity, -1, dtype=np.int64)
@@ -223,6 +233,7 @@ class NgramCache:
             self._keys = _grown(self._keys, size, PAD)
             self._head = _grown(self._head, size, -1)
             self._total = _grown(self._total, size, 0)
+            self._maxc = _grown(self._maxc, size, 0)
         if 2 * need_n > len(self._slots):
             cap = len(self._slots)
             while cap < 2 * need_n:
@@ -238,7 +249,7 @@ class NgramCache:
 
     @property
     def _arrays(self) -> tuple:
-        return (self._slots, self._keys, self._head, self._total,
+        return (self._slots, self._keys, self._head, self._total, self._maxc,
                 self._e_tok, self._e_cnt, self._e_next, self._meta)
 
     # -- the API of the reference -----------------------------------------------------------

@@ -30,12 +30,16 @@ with ``t0``, then a contiguous follower range: a binary search for a token's cou
 64 + 4 (n_vocab + 1) + 16 n_keys + 4 + 8 n_followers bytes; llama.cpp's file is 20 n_keys + 8
 n_followers, so ours is smaller for any corpus with more than about n_vocab / 4 keys.
 
-Trust: :func:`open_static` checks the header (magic, version, size, CRC, exact file length), the
-tokenizer fingerprint, and by default (``verify=True``) the body CRC and every structural invariant,
-vectorized, before any index is used. The numba lookups bounds-check every index they read anyway, so
-even an unverified corrupt file yields wrong counts at worst, never an out-of-bounds read. Writes go to
-a temporary file in the same directory, then ``os.replace``: readers never see half a file, and a
-mapped file is never modified under a reader (a new inode replaces it).
+Trust, and why the body is not checked at open: :func:`open_static` checks the header (magic,
+version, header CRC, sizes, exact file length) and the tokenizer fingerprint, which costs well under a
+millisecond whatever the size. Checking the body (its CRC and every structural invariant) means reading
+the whole file, about a second per 100 MB; that is :func:`verify_static` (``promptlookup verify CACHE``,
+or ``open_static(verify=True)`` / ``stats --verify``), for a file that came from somewhere untrusted or
+after a disk scare. Skipping it is safe in one precise sense: every numba lookup bounds-checks every
+index it reads, so a corrupt body can yield wrong counts (bad drafts, which the model rejects), never an
+out-of-bounds read or a crash; the fuzz tests hold that. Writes go to a temporary file in the same
+directory, then ``os.replace``: readers never see half a file, and a mapped file is never modified
+under a reader (a new inode replaces it).
 """
 
 from __future__ import annotations
@@ -340,11 +344,11 @@ def is_static_file(path: str | os.PathLike[str]) -> bool:
 
 
 def open_static(path: str | os.PathLike[str], fingerprint: str | None = None,
-                verify: bool = True) -> StaticCache:
-    """Map a static cache file; refuse it with :class:`CacheFormatError` unless it is sound.
+                verify: bool = False) -> StaticCache:
+    """Map a static cache file; refuse it with :class:`CacheFormatError` unless its header is sound.
 
     ``fingerprint``: the tokenizer's; a file built for another vocabulary is refused.
-    ``verify``: also check the body CRC and every invariant (one pass over the file).
+    ``verify``: also check the body CRC and every invariant (reads the whole file; see the module doc).
     """
     path = Path(path)
     try:
@@ -442,3 +446,8 @@ def check_structure(c: StaticCache) -> str | None:
         if np.any(_best_followers(c.key_off, c.fol_token, c.fol_count) != c.key_best):
             return "a key's best follower is not its most frequent one"
     return None
+
+
+def verify_static(path: str | os.PathLike[str], fingerprint: str | None = None) -> StaticCache:
+    """Open with the full body check: CRC of every byte and every structural invariant."""
+    return open_static(path, fingerprint=fingerprint, verify=True)
