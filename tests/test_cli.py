@@ -149,3 +149,13 @@ def test_stats_cost_curve_simulation(capsys, tmp_path):
 def test_cost_curve_needs_auto(capsys):
     code, _, err = run_main(capsys, "generate", "-p", "hi", "--cost-curve", "x.json")
     assert code == 2 and "--cost-curve only applies with --speculate auto" in err
+
+
+@requires_model
+@pytest.mark.model
+def test_streamed_text_equals_the_json_text(capsys):
+    args = ["generate", "--ngram", "-n", "30", "--chat", "-p", "Write three words in French: été, café, déjà"]
+    assert main(args + ["--json"]) == 0
+    text = json.loads(capsys.readouterr().out)["text"]
+    assert main(args) == 0
+    assert capsys.readouterr().out == text + "\n"

@@ -238,7 +238,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     draft = args.draft
     if args.speculate == "auto":
         source, draft = _auto_drafter(args, backend, lookup_source, suffix_source)
-    result = generate(backend, ids, args.n_predict, source=source, draft=draft)
+    streamer = None if args.json else _TextStreamer(backend.detokenize)
+    result = generate(backend, ids, args.n_predict, source=source, draft=draft, on_tokens=streamer)
     if suffix_source is not None and args.suffix_history:
         from promptlookup.drafting.suffix_source import save_suffix_history
 
@@ -260,12 +261,39 @@ def cmd_generate(args: argparse.Namespace) -> int:
             "stopped_by": result.stopped_by, "counters": c.as_dict(),
         }))
     else:
-        print(out_text, flush=True)
+        streamer.finish(out_text)
         for line in c.report_lines():
             print(line, file=sys.stderr)
         if args.speculate == "auto":
             print(_auto_report(source), file=sys.stderr)
     return 0
+
+
+class _TextStreamer:
+    """Prints the text as tokens are confirmed (outside the timed decode and draft spans).
+
+    The whole output is detokenized each time and only the new tail printed, holding back a
+    trailing replacement character: a multi-byte character split across tokens is printed once its
+    last byte has arrived.
+    """
+
+    def __init__(self, detokenize) -> None:
+        self.detokenize = detokenize
+        self.tokens: list[int] = []
+        self.printed = ""
+
+    def __call__(self, new: list[int]) -> None:
+        self.tokens.extend(new)
+        text = self.detokenize(self.tokens).rstrip("\ufffd")
+        if text.startswith(self.printed) and len(text) > len(self.printed):
+            sys.stdout.write(text[len(self.printed):])
+            sys.stdout.flush()
+            self.printed = text
+
+    def finish(self, full: str) -> None:
+        rest = full[len(self.printed):] if full.startswith(self.printed) else "\n" + full
+        sys.stdout.write(rest + "\n")
+        sys.stdout.flush()
 
 
 def _auto_drafter(args: argparse.Namespace, backend, lookup_source, suffix_source):
