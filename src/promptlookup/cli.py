@@ -92,6 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
     _add_lookup_commands(sub)
     _add_bench_command(sub)
+    cc = sub.add_parser("curve", help="measure a model's verify cost curve (cached for --speculate auto)")
+    _add_model_args(cc)
+    cc.add_argument("--max-tokens", type=_int_in(2, 64, "--max-tokens"), default=MAX_DRAFT + 1,
+                    help=f"widest verify to time (default {MAX_DRAFT + 1})")
+    cc.add_argument("-o", "--output", metavar="FILE", help="also write the curve to FILE (JSON)")
+    cc.add_argument("--refresh", action="store_true", help="measure again even if a cached curve exists")
+    cc.set_defaults(func=cmd_curve)
     return parser
 
 
@@ -410,6 +417,20 @@ def _cost_simulation(args: argparse.Namespace) -> str:
     results = simulate_text(tokens, args.ctx_size, curve, policies,
                             oracle_sources=lambda: auto_sources(lookup(), suffix()), max_draft=MAX_DRAFT)
     return report_table(results, curve)
+
+
+def cmd_curve(args: argparse.Namespace) -> int:
+    from promptlookup.costs import cached_cost_curve, curve_cache_path, describe
+
+    backend = _load_backend(args)
+    curve = cached_cost_curve(backend, max_tokens=args.max_tokens, refresh=args.refresh)
+    print(f"{describe(curve)}")
+    print("seconds: " + " ".join(f"{s * 1000:.2f}ms" for s in curve.seconds))
+    print(f"cached at {curve_cache_path(backend.model_path, backend.name, backend.n_threads)}",
+          file=sys.stderr)
+    if args.output:
+        curve.save(args.output)
+    return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
