@@ -159,3 +159,17 @@ def test_streamed_text_equals_the_json_text(capsys):
     text = json.loads(capsys.readouterr().out)["text"]
     assert main(args) == 0
     assert capsys.readouterr().out == text + "\n"
+
+
+@requires_model
+@pytest.mark.model
+def test_curve_measures_caches_and_writes(capsys, tmp_path, monkeypatch):
+    import promptlookup.costs as costs
+
+    monkeypatch.setattr(costs, "CACHE_DIR", tmp_path / "cache")
+    out_file = tmp_path / "curve.json"
+    code, out, _ = run_main(capsys, "curve", "--max-tokens", "3", "-o", str(out_file))
+    assert code == 0 and out.startswith("1:1.00x 2:")
+    curve = costs.CostCurve.load(out_file)
+    assert len(curve.seconds) == 3 and all(s > 0 for s in curve.seconds)
+    assert len(list((tmp_path / "cache" / "cost-curves").glob("*.json"))) == 1
