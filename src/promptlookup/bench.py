@@ -119,12 +119,29 @@ def make_source(cell: Cell, backend) -> tuple[DraftSource | None, int]:
     return AutoDrafter(sources, curve.relative(MAX_DRAFT + 1), max_draft=MAX_DRAFT), MAX_DRAFT
 
 
+def oracle_speedup(backend, prompt: Sequence[int], output: Sequence[int]) -> float:
+    """The hindsight oracle's speedup on this output, from auto's sources and the backend's curve:
+    the ceiling any controller could reach on this run (simulated, see promptlookup.simulate)."""
+    from promptlookup.costs import cached_cost_curve
+    from promptlookup.drafting.controller import auto_sources
+    from promptlookup.drafting.lookup import make_lookup_source
+    from promptlookup.drafting.suffix_source import make_suffix_source
+    from promptlookup.simulate import oracle
+    from promptlookup.speculate import MAX_DRAFT
+
+    sources = auto_sources(make_lookup_source(None, None, backend.n_vocab, backend.fingerprint),
+                           make_suffix_source(None, backend.n_vocab, backend.fingerprint))
+    return oracle(prompt, output, sources, MAX_DRAFT, cached_cost_curve(backend)).speedup
+
+
 def run_bench(backend, workloads: dict[str, list[int]], cells: Sequence[Cell], repeat: int, n_predict: int,
-              progress: Callable[[str], None] | None = None) -> list[CellRun]:
-    """Run every (workload, cell) ``repeat`` times, alternating cells within each round."""
+              progress: Callable[[str], None] | None = None) -> tuple[list[CellRun], dict[str, float]]:
+    """Run every (workload, cell) ``repeat`` times, alternating cells within each round; also return
+    each workload's oracle speedup on its first plain output."""
     from promptlookup.speculate import generate
 
     runs: list[CellRun] = []
+    oracles: dict[str, float] = {}
     total = len(workloads) * len(cells) * repeat
     done = 0
     for wname, prompt in workloads.items():
@@ -147,7 +164,9 @@ def run_bench(backend, workloads: dict[str, list[int]], cells: Sequence[Cell], r
                     extra = {"calibration": round(cal.ratio, 3), "auto_steps": cal.chosen_steps}
                 runs.append(CellRun(wname, cell, r + 1, gen.counters, gen.tokens == reference
                                     if reference is not None else True, wall, extra))
-    return runs
+        if reference is not None:
+            oracles[wname] = oracle_speedup(backend, prompt, reference)
+    return runs, oracles
 
 
 def table(runs: Sequence[CellRun]) -> str:
@@ -164,19 +183,26 @@ def table(runs: Sequence[CellRun]) -> str:
     return "\n".join(lines)
 
 
-def summary(runs: Sequence[CellRun]) -> str:
-    """Per workload: the off noise band, and each cell's median effective rate against it."""
-    out = ["| workload | cell | median effective tok/s | vs off (median) | off band |",
-           "|---|---|---|---|---|"]
+def summary(runs: Sequence[CellRun], oracles: dict[str, float] | None = None) -> str:
+    """Per workload: the off noise band, each cell's median effective rate against the off median,
+    and that speedup as a share of the hindsight oracle's."""
+    oracles = oracles or {}
+    out = ["| workload | cell | median effective tok/s | vs off (median) | share of oracle | off band |",
+           "|---|---|---|---|---|---|"]
     for w in dict.fromkeys(r.workload for r in runs):
         mine = [r for r in runs if r.workload == w]
         off = [r.counters.effective_tps for r in mine if r.cell.name == "off"]
         base = statistics.median(off) if off else 0.0
         band = f"{min(off):.2f}-{max(off):.2f}" if off else "-"
+        orc = oracles.get(w)
         for label in dict.fromkeys(r.cell.label for r in mine):
             eff = statistics.median(r.counters.effective_tps for r in mine if r.cell.label == label)
             ratio = f"{eff / base:.2f}x" if base else "-"
-            out.append(f"| {w} | {label} | {eff:.2f} | {ratio} | {band} |")
+            share = f"{100 * eff / base / orc:.0f}%" if base and orc else "-"
+            out.append(f"| {w} | {label} | {eff:.2f} | {ratio} | {share} | {band} |")
+        if orc:
+            out.append(f"| {w} | oracle (hindsight, simulated on the plain output) | - | {orc:.2f}x | 100% | "
+                       f"{band} |")
     return "\n".join(out)
 
 

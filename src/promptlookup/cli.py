@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="earlier requests for --suffix / auto: loaded at start, this run added and saved")
     g.add_argument("--suffix-history-budget", type=_int_in(1, None, "--suffix-history-budget"),
                    metavar="TOKENS", help="history memory budget in tokens; the oldest requests go first")
+    g.add_argument("--suffix-corpus", metavar="FILE",
+                   help="corpus suffix-array index (promptlookup index) for --suffix / auto: long matches "
+                        "into a static corpus")
     _add_draft_args(g)
     g.add_argument("--csv", metavar="FILE", help="append one key=value row of counters to FILE")
     g.add_argument("--json", action="store_true",
@@ -152,6 +155,7 @@ def _add_lookup_commands(sub) -> None:
     _add_draft_args(st)
     st.add_argument("--source", choices=("lookup", "ngram", "suffix"), default="lookup",
                     help="draft source")
+    st.add_argument("--suffix-corpus", metavar="FILE", help="corpus suffix-array index for --source suffix")
     st.add_argument("--json", action="store_true", help="print one JSON object")
     st.add_argument("--verify", action="store_true",
                     help="full body check of the static cache at open (reads the whole file)")
@@ -165,6 +169,14 @@ def _add_lookup_commands(sub) -> None:
     v = sub.add_parser("verify", help="check a static cache file whole: body CRC and every invariant")
     v.add_argument("caches", nargs="+", metavar="CACHE", help="static cache files (our format)")
     v.set_defaults(func=cmd_verify)
+
+    ix = sub.add_parser("index", help="build a corpus suffix-array index for --suffix-corpus")
+    ix.add_argument("-m", "--model", help="GGUF whose tokenizer to use (default: bundled SmolLM2)")
+    ix.add_argument("-f", "--file", nargs="+", required=True, metavar="CORPUS", help="corpus text file(s)")
+    ix.add_argument("-o", "--output", required=True, metavar="INDEX", help="index file to write")
+    ix.add_argument("-t", "--threads", type=_int_in(1, None, "--threads"), help="tokenizer processes")
+    ix.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ix.set_defaults(func=cmd_index)
 
 
 def _read_prompt(args: argparse.Namespace) -> str:
@@ -220,8 +232,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
             f"the prompt is {len(ids)} tokens but the context holds {backend.n_ctx} "
             "(raise -c/--ctx-size or shorten it)"
         )
-    if (args.suffix_history or args.suffix_history_budget) and not (args.suffix or args.speculate):
-        raise UsageError("--suffix-history/--suffix-history-budget need --suffix or --speculate auto")
+    if (args.suffix_history or args.suffix_history_budget or args.suffix_corpus) and not (
+            args.suffix or args.speculate):
+        raise UsageError("--suffix-history/--suffix-history-budget/--suffix-corpus need --suffix or "
+                         "--speculate auto")
     if (args.lookup_cache_static or args.lookup_cache_dynamic) and not (args.lookup or args.speculate):
         raise UsageError("--lookup-cache-static/--lookup-cache-dynamic need --lookup or --speculate auto")
     source = (
@@ -239,7 +253,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         from promptlookup.drafting.suffix_source import make_suffix_source
 
         suffix_source = make_suffix_source(args.suffix_history, backend.n_vocab, backend.fingerprint,
-                                           args.suffix_history_budget)
+                                           args.suffix_history_budget, corpus_path=args.suffix_corpus)
         if args.suffix:
             source = suffix_source
     draft = args.draft
@@ -358,6 +372,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_index(args: argparse.Namespace) -> int:
+    from promptlookup.backends.llama_cpp import default_threads
+    from promptlookup.corpus_sa import run_index
+    from promptlookup.models import resolve_model
+
+    st = run_index(args.file, resolve_model(args.model), args.output,
+                   workers=args.threads or default_threads(), progress=not args.no_progress)
+    for line in st.report_lines():
+        print(line, file=sys.stderr)
+    return 0
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
     from promptlookup.models import resolve_model
     from promptlookup.replay import run_stats
@@ -365,9 +391,17 @@ def cmd_stats(args: argparse.Namespace) -> int:
     if args.ngram_max_match < args.ngram_min_match:
         raise UsageError(f"--ngram-max-match ({args.ngram_max_match}) is below "
                          f"--ngram-min-match ({args.ngram_min_match})")
-    st = run_stats(args.file, str(resolve_model(args.model)), args.ctx_size, args.draft, args.source,
-                   args.lookup_cache_static, args.lookup_cache_dynamic,
-                   args.ngram_min_match, args.ngram_max_match, verify=args.verify, reference=args.reference)
+    if args.suffix_corpus and args.source != "suffix":
+        raise UsageError("--suffix-corpus only applies to --source suffix")
+    if args.suffix_corpus:
+        from promptlookup.replay_suffix import run_stats_suffix
+
+        st = run_stats_suffix(args.file, str(resolve_model(args.model)), args.ctx_size, args.draft,
+                              args.suffix_corpus, verify=args.verify)
+    else:
+        st = run_stats(args.file, str(resolve_model(args.model)), args.ctx_size, args.draft, args.source,
+                       args.lookup_cache_static, args.lookup_cache_dynamic, args.ngram_min_match,
+                       args.ngram_max_match, verify=args.verify, reference=args.reference)
     if args.json:
         print(st.to_json())
     else:
@@ -464,9 +498,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise UsageError(f"workload {f.name}: {len(ids)} prompt tokens + -n {args.n_predict} "
                              f"exceed the context ({backend.n_ctx}); raise -c")
         workloads[f.stem] = ids
-    runs = bench.run_bench(backend, workloads, cells, args.repeat, args.n_predict,
-                           progress=bench.stderr_progress)
-    md = bench.table(runs) + "\n\n" + bench.summary(runs) + "\n"
+    runs, oracles = bench.run_bench(backend, workloads, cells, args.repeat, args.n_predict,
+                                    progress=bench.stderr_progress)
+    md = bench.table(runs) + "\n\n" + bench.summary(runs, oracles) + "\n"
     print(md)
     if args.md:
         atomic_write_text(Path(args.md), md)
