@@ -1,4 +1,5 @@
-"""``--suffix``: draft the most frequent continuation of the longest match, over the request and history.
+"""``--suffix``: draft the most frequent continuation of the longest match, over the request, the
+history and a static corpus.
 
 Why this rule. ``--ngram`` copies what followed the most recent longest match, which is right when
 the text is being copied and wrong when a match is common (``self.`` is followed by a hundred
@@ -8,13 +9,15 @@ caps a draft at the match length. Here the longest match always decides, and cou
 it; recency only breaks ties. One rule, applied token by token to the text extended with what was
 already drafted:
 
-1. For the request's own text (a suffix automaton over prompt and output) and the history (a
-   suffix automaton over earlier requests, see :mod:`promptlookup.drafting.history`), find the
-   longest suffix ``L*`` of the context that occurs there *followed by a token*.
+1. For each provider -- the request's own text (a suffix automaton over prompt and output), the
+   history (a suffix automaton over earlier requests, see :mod:`promptlookup.drafting.history`)
+   and, optionally, a corpus (a suffix array, see :mod:`promptlookup.drafting.corpus_index`,
+   searched for context suffixes of at most ``corpus_max_match`` tokens) -- find the longest
+   suffix ``L*`` of the context that occurs there *followed by a token*.
 2. The candidates are the tokens that follow those occurrences. A candidate ``c`` scores the number
    of occurrences of the context plus ``c``, counted on its last ``min(L*+1, depth)`` tokens.
-3. The source with the longer ``L*`` decides; on equal ``L*`` the two scores add (the request's
-   weighted by ``local_weight``).
+3. The provider with the longest ``L*`` decides; on equal ``L*`` the scores add (the request's
+   weighted by ``local_weight``, the corpus's by ``corpus_weight``).
 4. The highest score wins; ties go to the candidate seen most recently in the request, then most
    recently in the history, then the lowest token id.
 5. Its estimated probability is its score over the candidates' total; the draft's probability is
@@ -22,7 +25,12 @@ already drafted:
    before a token that would take the draft's probability below ``min_prob``.
 
 :func:`draft_reference` states that rule over plain lists by brute force; :class:`SuffixSource`
-runs it on the automata with numba. Tests hold them equal on real text.
+runs it on the automata and the suffix array with numba. Tests hold them equal on real text.
+
+Per-call cost. A draft at ``k = 3`` takes a few microseconds, so the fixed cost of one call
+matters: the kernel takes the request's state in one ``meta`` row, its parameters, features and
+output in one float array, and its per-token scratch in one matrix, and the :class:`Draft` is
+built without the frozen dataclass's per-field ``__setattr__``.
 """
 
 from __future__ import annotations
@@ -33,6 +41,15 @@ import numpy as np
 from numba import njit
 
 from promptlookup.drafting.base import Draft
+from promptlookup.drafting.corpus_index import (
+    DEFAULT_MAX_MATCH,
+    CorpusIndex,
+    _interval,
+    _narrow,
+    _search,
+    _step,
+    empty_index,
+)
 from promptlookup.drafting.suffix_automaton import (
     CNT,
     E_NEXT,
@@ -42,6 +59,8 @@ from promptlookup.drafting.suffix_automaton import (
     LAST,
     LEN,
     LINK,
+    M_CORPUS,
+    M_CORPUS_DRAFT,
     M_DEPTH,
     M_GM,
     M_GV,
@@ -58,10 +77,15 @@ from promptlookup.drafting.suffix_automaton import (
 DEFAULT_MIN_MATCH = 1
 DEFAULT_MIN_PROB = 0.0
 DEFAULT_LOCAL_WEIGHT = 1.0
+DEFAULT_CORPUS_WEIGHT = 1.0
 
-# feature slots written by the kernel
-F_MATCH, F_COUNT, F_TOTAL, F_PROB, F_FROM_HISTORY = range(5)
-N_FEAT = 5
+# the kernel's float array: parameters, then features, then the drafted tokens
+P_MIN_MATCH, P_MIN_PROB, P_LOCAL_W, P_CORPUS_W, P_DEPTH_G, P_CORPUS_CAP = range(6)
+IO_FEAT = 8
+F_MATCH, F_COUNT, F_TOTAL, F_PROB, F_FROM_HISTORY, F_FROM_CORPUS = range(6)
+IO_OUT = 16
+# scratch rows: score, last seen in the request, last seen in the history, seen flag, touched list
+R_SCORE, R_LLAST, R_GLAST, R_SEEN, R_TOUCHED = range(5)
 
 
 # ----------------------------------------------------------------------------- reference twin
@@ -73,9 +97,11 @@ def _common_suffix(text: Sequence[int], end: int, context: Sequence[int], cap: i
     return n
 
 
-def _longest_with_follower(text: Sequence[int], context: Sequence[int]) -> int:
-    """Largest ``L`` such that ``context[-L:]`` occurs in ``text`` followed by a token (not SEP)."""
-    return max((_common_suffix(text, e, context, len(context)) for e in range(len(text) - 1)
+def _longest_with_follower(text: Sequence[int], context: Sequence[int], cap: int | None = None) -> int:
+    """Largest ``L`` (at most ``cap``) such that ``context[-L:]`` occurs in ``text`` followed by a
+    token (not SEP)."""
+    cap = len(context) if cap is None else min(cap, len(context))
+    return max((_common_suffix(text, e, context, cap) for e in range(len(text) - 1)
                 if text[e + 1] != SEP), default=0)
 
 
@@ -96,11 +122,14 @@ def _scores(text: Sequence[int], context: Sequence[int], lstar: int,
 def draft_reference(
     local: Sequence[int], history: Sequence[int], k: int, depth: int, min_match: int = DEFAULT_MIN_MATCH,
     min_prob: float = DEFAULT_MIN_PROB, local_weight: float = DEFAULT_LOCAL_WEIGHT,
+    corpus: Sequence[int] = (), corpus_max_match: int = DEFAULT_MAX_MATCH,
+    corpus_weight: float = DEFAULT_CORPUS_WEIGHT,
 ) -> tuple[list[int], list[float], int]:
     """The whole ``--suffix`` rule by brute force: ``(tokens, probabilities, first match length)``.
 
-    ``local`` is the request's text, ``history`` earlier requests joined by :data:`SEP`.
-    Quadratic and slow, and obviously the rule: the twin the automata are tested against.
+    ``local`` is the request's text, ``history`` earlier requests joined by :data:`SEP`, ``corpus``
+    a static corpus. Quadratic and slow, and obviously the rule: the twin the fast path is tested
+    against.
     """
     context = list(local)
     tokens: list[int] = []
@@ -110,19 +139,24 @@ def draft_reference(
     for i in range(k):
         ll = _longest_with_follower(local, context)
         lg = _longest_with_follower(history, context) if history else 0
+        lc = _longest_with_follower(corpus, context, corpus_max_match) if len(corpus) else 0
+        top = max(ll, lg, lc)
         if i == 0:
-            first_match = max(ll, lg)
-        if max(ll, lg) < min_match:
+            first_match = top
+        if top < min_match:
             break
         cand: dict[int, list[float]] = {}  # token -> [score, local last, history last]
-        if ll >= lg:
+        if ll == top:
             for c, (n, last) in _scores(local, context, ll, depth).items():
                 cand[c] = [local_weight * n, last, -1]
-        if lg >= ll:
+        if lg == top:
             for c, (n, last) in _scores(history, context, lg, depth).items():
                 entry = cand.setdefault(c, [0.0, -1, -1])
                 entry[0] += n
                 entry[2] = last
+        if lc == top:
+            for c, (n, _) in _scores(corpus, context, lc, depth).items():
+                cand.setdefault(c, [0.0, -1, -1])[0] += corpus_weight * n
         total = sum(v[0] for v in cand.values())
         best = min(cand, key=lambda c: (-cand[c][0], -cand[c][1], -cand[c][2], c))
         p = cand[best][0] / total
@@ -147,30 +181,76 @@ def _back_off(st, v, m):
     return v, m
 
 
+@njit(cache=True, inline="always")
+def _touch(scratch, tok, n_touched):
+    if scratch[R_SEEN, tok] == 0.0:
+        scratch[R_SEEN, tok] = 1.0
+        scratch[R_TOUCHED, n_touched] = tok
+        return n_touched + 1
+    return n_touched
+
+
 @njit(cache=True)
-def _collect(st, ed, depth, v, weight, is_local, score, llast, glast, seen, touched, n_touched):
+def _collect(st, ed, depth, v, weight, last_row, scratch, n_touched):
     e = st[v, FIRST]
     while e >= 0:
         tok = ed[e, E_TOK]
         if tok != SEP:
             w = deep_rep(st, ed[e, E_TO], depth)
-            if seen[tok] == 0.0:
-                seen[tok] = 1.0
-                touched[n_touched] = tok
-                n_touched += 1
-            score[tok] += weight * st[w, CNT]
-            if is_local:
-                llast[tok] = st[w, LAST]
-            else:
-                glast[tok] = st[w, LAST]
+            n_touched = _touch(scratch, tok, n_touched)
+            scratch[R_SCORE, tok] += weight * st[w, CNT]
+            scratch[last_row, tok] = st[w, LAST]
         e = ed[e, E_NEXT]
     return n_touched
 
 
 @njit(cache=True)
-def _catch_up(lst, led, lhk, lhv, lmeta, buf, n, gst, ged, ghk, ghv):
-    """Apply the tokens appended since the last call (``buf[pos:n]``) to the request's automaton and
-    to the history matcher (kept in ``lmeta[M_GV], lmeta[M_GM]``); -1 if a token is negative."""
+def _collect_corpus(ctok, csa, cbk, buf, n_ctx, lo, hi, m, depth, weight, scratch, n_touched):
+    """Candidates of a corpus match of ``m`` tokens at SA ``[lo, hi)``: the follower runs of the
+    interval (sorted by follower), each counted on the last ``min(m + 1, depth)`` tokens."""
+    n = len(ctok)
+    short = m + 1 > depth
+    slo = shi = 0
+    if short and depth > 1:  # count on the last depth tokens: the interval of the last depth - 1
+        slo, shi = _interval(ctok, csa, cbk, buf, n_ctx - (depth - 1), n_ctx)
+        if slo < 0:
+            return -1
+    elif short:
+        shi = n
+    i = lo
+    if i < hi:
+        p = csa[i]
+        if p < 0 or p >= n:
+            return -1
+        if p + m >= n:
+            i += 1
+    while i < hi:
+        p = csa[i]
+        if p < 0 or p + m >= n:
+            return -1
+        t = ctok[p + m]
+        if t < 0 or t >= scratch.shape[1]:
+            return -1
+        a, b = _narrow(ctok, csa, i, hi, m, t)
+        if a < 0 or b <= i:
+            return -1
+        cnt = b - a
+        if short:
+            a2, b2 = _narrow(ctok, csa, slo, shi, depth - 1, t)
+            if a2 < 0:
+                return -1
+            cnt = b2 - a2
+        n_touched = _touch(scratch, t, n_touched)
+        scratch[R_SCORE, t] += weight * cnt
+        i = b
+    return n_touched
+
+
+@njit(cache=True)
+def _catch_up(lst, led, lhk, lhv, lmeta, buf, n, gst, ged, ghk, ghv, ctok, csa, cbk, cap):
+    """Apply the tokens appended since the last call (``buf[pos:n]``) to the request's automaton,
+    the history matcher (``lmeta[M_GV], lmeta[M_GM]``) and the corpus matcher (``lmeta[M_CORPUS:]``);
+    -1 if a token is negative, -2 if the corpus index is corrupt."""
     pos = lmeta[M_POS]
     if pos == n:
         return 0
@@ -185,43 +265,67 @@ def _catch_up(lst, led, lhk, lhv, lmeta, buf, n, gst, ged, ghk, ghv):
         v, m = match_step(gst, ghk, ghv, ged, v, m, new[i])
     lmeta[M_GV] = v
     lmeta[M_GM] = m
+    if len(ctok) and cap > 0:
+        cs = lmeta[M_CORPUS : M_CORPUS + 3]
+        if n - pos > 4:  # the match depends on the last ``cap`` tokens only: search afresh
+            if _search(ctok, csa, cbk, buf, n, min(cap, n), cs) < 0:
+                return -2
+        else:
+            for j in range(pos + 1, n + 1):
+                if _step(ctok, csa, cbk, buf, j, cap, cs) < 0:
+                    return -2
     return 0
 
 
 @njit(cache=True)
-def _draft(lst, led, lhk, lhv, lmeta, buf, n, gst, ged, ghk, ghv, gmeta,
-           k, min_match, min_prob, local_weight, out, feat, scratch, touched):
-    """Catch up, then draft up to ``k`` tokens into ``out``; returns how many (-1: bad token)."""
-    if _catch_up(lst, led, lhk, lhv, lmeta, buf, n, gst, ged, ghk, ghv) < 0:
-        return -1
-    score = scratch[0]
-    llast = scratch[1]
-    glast = scratch[2]
-    seen = scratch[3]
+def _draft(lst, led, lhk, lhv, lmeta, buf, n, k, gst, ged, ghk, ghv, ctok, csa, cbk, io, scratch):
+    """Catch up, then draft up to ``k`` tokens into ``io[IO_OUT:]`` (and ``buf[n:]``, the draft's
+    context); returns how many (-1: a bad token, -2: a corrupt corpus index)."""
+    min_match = io[P_MIN_MATCH]
+    min_prob = io[P_MIN_PROB]
+    local_weight = io[P_LOCAL_W]
+    corpus_weight = io[P_CORPUS_W]
+    depth_g = np.int64(io[P_DEPTH_G])
+    cap = np.int64(io[P_CORPUS_CAP])
+    r = _catch_up(lst, led, lhk, lhv, lmeta, buf, n, gst, ged, ghk, ghv, ctok, csa, cbk, cap)
+    if r < 0:
+        return r
     depth_l = lmeta[M_DEPTH]
-    depth_g = gmeta[M_DEPTH]
     vl = lmeta[M_LASTSTATE]
     ml = lst[vl, LEN]
     vg = lmeta[M_GV]
     mg = lmeta[M_GM]
+    cs = lmeta[M_CORPUS_DRAFT : M_CORPUS_DRAFT + 3]
+    cs[:] = lmeta[M_CORPUS : M_CORPUS + 3]
+    use_corpus = len(ctok) > 0 and cap > 0
     path = 1.0
     n_out = 0
     for i in range(k):
         vl, ml = _back_off(lst, vl, ml)
         vg, mg = _back_off(gst, vg, mg)
+        mc = cs[2]
+        top = max(ml, mg, mc)
         if i == 0:
-            feat[F_MATCH] = max(ml, mg)
-        if max(ml, mg) < min_match:
+            io[IO_FEAT + F_MATCH] = top
+        if top < min_match:
             break
         nt = 0
-        if ml >= mg:
-            nt = _collect(lst, led, depth_l, vl, local_weight, True, score, llast, glast, seen, touched, nt)
-        if mg >= ml:
-            nt = _collect(gst, ged, depth_g, vg, 1.0, False, score, llast, glast, seen, touched, nt)
+        if ml == top:
+            nt = _collect(lst, led, depth_l, vl, local_weight, R_LLAST, scratch, nt)
+        if mg == top:
+            nt = _collect(gst, ged, depth_g, vg, 1.0, R_GLAST, scratch, nt)
+        if mc == top:
+            nt = _collect_corpus(ctok, csa, cbk, buf, n + i, cs[0], cs[1], mc, depth_l, corpus_weight,
+                                 scratch, nt)
+            if nt < 0:
+                return -2
         best = -1
         total = 0.0
+        score = scratch[R_SCORE]
+        llast = scratch[R_LLAST]
+        glast = scratch[R_GLAST]
         for j in range(nt):
-            t = touched[j]
+            t = np.int64(scratch[R_TOUCHED, j])
             total += score[t]
             if best < 0:
                 best = t
@@ -236,25 +340,37 @@ def _draft(lst, led, lhk, lhv, lmeta, buf, n, gst, ged, ghk, ghv, gmeta,
                 better = t < best
             if better:
                 best = t
+        if total <= 0.0:  # only a corrupt corpus index gets here (every candidate occurs)
+            for j in range(nt):
+                t = np.int64(scratch[R_TOUCHED, j])
+                score[t] = 0.0
+                scratch[R_SEEN, t] = 0.0
+                llast[t] = -1
+                glast[t] = -1
+            return -2
         p = score[best] / total
         if i == 0:
-            feat[F_COUNT] = score[best]
-            feat[F_TOTAL] = total
-            feat[F_FROM_HISTORY] = 1.0 if mg > ml else 0.0
+            io[IO_FEAT + F_COUNT] = score[best]
+            io[IO_FEAT + F_TOTAL] = total
+            io[IO_FEAT + F_FROM_HISTORY] = 1.0 if mg == top and ml < top else 0.0
+            io[IO_FEAT + F_FROM_CORPUS] = 1.0 if mc == top and ml < top and mg < top else 0.0
         for j in range(nt):
-            t = touched[j]
+            t = np.int64(scratch[R_TOUCHED, j])
             score[t] = 0.0
-            seen[t] = 0.0
+            scratch[R_SEEN, t] = 0.0
             llast[t] = -1
             glast[t] = -1
         if path * p < min_prob:
             break
         path *= p
-        out[n_out] = best
+        io[IO_OUT + n_out] = best
         n_out += 1
+        buf[n + i] = best
         vl, ml = match_step(lst, lhk, lhv, led, vl, ml, best)
         vg, mg = match_step(gst, ghk, ghv, ged, vg, mg, best)
-    feat[F_PROB] = path
+        if use_corpus and i + 1 < k and _step(ctok, csa, cbk, buf, n + i + 1, cap, cs) < 0:
+            return -2
+    io[IO_FEAT + F_PROB] = path
     return n_out
 
 
@@ -268,39 +384,54 @@ def _empty_automaton() -> SuffixAutomaton:
     return _EMPTY_HISTORY
 
 
+_new = object.__new__
+
+
 class SuffixSource:
-    """``--suffix``: the rule in this module's docstring over the request and an optional history.
+    """``--suffix``: the rule in this module's docstring over the request, an optional history and
+    an optional corpus index.
 
     ``history`` is a :class:`promptlookup.drafting.history.History` (or ``None``). When
     ``record`` is true, each request is added to it when the next one starts (``reset``) or when
-    :meth:`commit` is called.
+    :meth:`commit` is called. ``corpus`` is an opened
+    :class:`promptlookup.drafting.corpus_index.CorpusIndex` (or ``None``), searched for context
+    suffixes of at most ``corpus_max_match`` tokens.
     """
 
     name = "suffix"
 
     def __init__(self, history=None, depth: int = 32, min_match: int = DEFAULT_MIN_MATCH,
                  min_prob: float = DEFAULT_MIN_PROB, local_weight: float = DEFAULT_LOCAL_WEIGHT,
-                 record: bool = True, n_vocab: int = 1 << 17) -> None:
+                 record: bool = True, n_vocab: int = 1 << 17, corpus: CorpusIndex | None = None,
+                 corpus_max_match: int = DEFAULT_MAX_MATCH,
+                 corpus_weight: float = DEFAULT_CORPUS_WEIGHT) -> None:
         if min_match < 1:
             raise ValueError(f"suffix min-match must be at least 1, got {min_match}")
         if not 0.0 <= min_prob <= 1.0:
             raise ValueError(f"suffix min-prob must be in 0..1, got {min_prob}")
+        if corpus_max_match < 1:
+            raise ValueError(f"suffix corpus max-match must be at least 1, got {corpus_max_match}")
         self.history = history
         self.depth = depth
         self.min_match = min_match
         self.min_prob = float(min_prob)
         self.local_weight = float(local_weight)
         self.record = record
+        self.corpus = corpus
+        self.corpus_max_match = corpus_max_match
+        self.corpus_weight = float(corpus_weight)
+        self._index = corpus if corpus is not None else empty_index()
+        if corpus is not None and corpus.n_vocab > n_vocab:
+            raise ValueError(f"the corpus index has a vocabulary of {corpus.n_vocab}, "
+                             f"beyond n_vocab {n_vocab}")
         self._local = SuffixAutomaton(depth=depth)
-        self._buf = np.zeros(1024, dtype=np.int32)  # the request's tokens; the automaton catches up
+        self._buf = np.zeros(1024, dtype=np.int32)  # the request's tokens, then a draft's scratch
         self._n = 0
-        self._out = np.zeros(64, dtype=np.int32)
-        self._feat = np.zeros(N_FEAT, dtype=np.float64)
         self.n_vocab = n_vocab
-        # per-token scratch rows: score, last seen in the request, last seen in history, seen flag
-        self._scratch = np.zeros((4, n_vocab), dtype=np.float64)
-        self._scratch[1:3] = -1.0
-        self._touched = np.zeros(n_vocab, dtype=np.int64)
+        self._io = np.zeros(IO_OUT, dtype=np.float64)
+        self._set_params(64)
+        self._scratch = np.zeros((5, n_vocab), dtype=np.float64)
+        self._scratch[R_LLAST : R_GLAST + 1] = -1.0
         if history is not None and history.max_token >= n_vocab:
             raise ValueError(f"the history holds token {history.max_token}, beyond n_vocab {n_vocab}")
         self._committed = True
@@ -310,6 +441,12 @@ class SuffixSource:
         self.propose(2)  # compile (or load the cached build) before any timing
         self._committed = True
         self.reset([])
+
+    def _set_params(self, k_max: int) -> None:
+        io = np.zeros(IO_OUT + k_max, dtype=np.float64)
+        io[P_MIN_MATCH], io[P_MIN_PROB], io[P_LOCAL_W] = self.min_match, self.min_prob, self.local_weight
+        io[P_CORPUS_W], io[P_CORPUS_CAP] = self.corpus_weight, self.corpus_max_match
+        self._io = io
 
     def _global(self) -> SuffixAutomaton:
         return self.history.automaton if self.history is not None else _empty_automaton()
@@ -322,6 +459,7 @@ class SuffixSource:
     def _rematch(self, g: SuffixAutomaton) -> None:
         """The history changed under a request: match the request's text against it afresh."""
         self._g_seen, self._g_len = g, g.n_tokens
+        self._io[P_DEPTH_G] = g.meta[M_DEPTH]
         v, m = 0, 0
         for t in self._buf[: int(self._local.meta[M_POS])]:
             v, m = match_step(g.st, g.hk, g.hv, g.ed, v, m, t)
@@ -337,21 +475,27 @@ class SuffixSource:
         self.commit()
         self._local.clear()
         self._n = 0
-        self._local.meta[M_GV] = 0
-        self._local.meta[M_GM] = 0
+        meta = self._local.meta
+        meta[M_GV] = 0
+        meta[M_GM] = 0
+        meta[M_CORPUS : M_CORPUS + 3] = 0
         g = self._global()
         self._g_seen, self._g_len = g, g.n_tokens
+        self._io[P_DEPTH_G] = g.meta[M_DEPTH]
         self._committed = False
         self.extend(prompt)
 
+    def _grow(self, need: int) -> None:
+        grown = np.zeros(max(2 * len(self._buf), need), dtype=np.int32)
+        grown[: self._n] = self._buf[: self._n]
+        self._buf = grown
+
     def extend(self, tokens: Sequence[int]) -> None:
-        """Record confirmed tokens; the automata catch up inside the next ``propose`` (one call)."""
+        """Record confirmed tokens; the matchers catch up inside the next ``propose`` (one call)."""
         m = len(tokens)
         n = self._n
         if n + m > len(self._buf):
-            grown = np.zeros(max(2 * len(self._buf), n + m), dtype=np.int32)
-            grown[:n] = self._buf[:n]
-            self._buf = grown
+            self._grow(n + m)
         if m == 1:
             t = tokens[0]
             if not 0 <= t < self.n_vocab:
@@ -367,44 +511,58 @@ class SuffixSource:
     def propose(self, k: int) -> Draft:
         if k <= 0:
             return Draft(source=self.name)
-        if k > len(self._out):
-            self._out = np.zeros(k, dtype=np.int32)
-        loc, g = self._local, self._global()
-        if self._n > loc.cap_tokens:
-            loc.reserve(self._n)
-        if g is not self._g_seen or g.n_tokens != self._g_len:
+        n = self._n
+        if n + k > len(self._buf):
+            self._grow(n + k)
+        io = self._io
+        if k > len(io) - IO_OUT:
+            self._set_params(k)
+            io = self._io
+            io[P_DEPTH_G] = self._global().meta[M_DEPTH]
+        loc = self._local
+        if n > loc.cap_tokens:
+            loc.reserve(n)
+        h = self.history
+        g = h.automaton if h is not None else _empty_automaton()
+        if g is not self._g_seen or g.meta[M_POS] != self._g_len:
             self._rematch(g)
-        n = _draft(loc.st, loc.ed, loc.hk, loc.hv, loc.meta, self._buf, self._n,
-                   g.st, g.ed, g.hk, g.hv, g.meta, k, self.min_match, self.min_prob, self.local_weight,
-                   self._out, self._feat, self._scratch, self._touched)
-        if n < 0:
-            raise ValueError("a negative token id reached the suffix source")
-        f = self._feat
-        return Draft(
-            tokens=tuple(self._out[:n].tolist()),
-            source=self.name,
-            match_len=int(f[F_MATCH]),
-            features={"count": float(f[F_COUNT]), "total": float(f[F_TOTAL]),
-                      "prob": float(f[F_PROB]), "from_history": float(f[F_FROM_HISTORY])},
-        )
+        ix = self._index
+        got = _draft(loc.st, loc.ed, loc.hk, loc.hv, loc.meta, self._buf, n, k, g.st, g.ed, g.hk, g.hv,
+                     ix.tokens, ix.sa, ix.buckets, io, self._scratch)
+        if got < 0:
+            if got == -1:
+                raise ValueError("a negative token id reached the suffix source")
+            from promptlookup.drafting.corpus_index import CorpusIndexError
+
+            raise CorpusIndexError(f"{ix.path}: corrupt corpus index (found while drafting)")
+        f = io[IO_FEAT : IO_FEAT + 6].tolist()
+        d = _new(Draft)  # the frozen dataclass's __init__ costs a __setattr__ call per field
+        d.__dict__.update(
+            tokens=tuple(self._buf[n : n + got].tolist()), source="suffix", match_len=int(f[F_MATCH]),
+            features={"count": f[F_COUNT], "total": f[F_TOTAL], "prob": f[F_PROB],
+                      "from_history": f[F_FROM_HISTORY], "from_corpus": f[F_FROM_CORPUS]})
+        return d
 
 
 def make_suffix_source(history_path: str | None, n_vocab: int, fingerprint_fn,
-                       budget: int | None = None) -> SuffixSource:
+                       budget: int | None = None, corpus_path: str | None = None) -> SuffixSource:
     """The ``--suffix`` source of a run: with ``history_path``, earlier requests saved there (a
-    missing file starts an empty history that :func:`save_suffix_history` will create)."""
+    missing file starts an empty history that :func:`save_suffix_history` will create); with
+    ``corpus_path``, a corpus index (``promptlookup index``) built with this tokenizer."""
     from pathlib import Path
 
+    from promptlookup.drafting.corpus_index import open_index
     from promptlookup.drafting.history import DEFAULT_BUDGET, History
 
     history = None
+    fp = fingerprint_fn() if history_path is not None or corpus_path is not None else None
     if history_path is not None:
-        fp = fingerprint_fn()
         if Path(history_path).exists():
             history = History.load(history_path, fingerprint=fp, budget=budget)
         else:
             history = History(budget=budget or DEFAULT_BUDGET, fingerprint=fp)
-    return SuffixSource(history=history, n_vocab=n_vocab)
+    corpus = open_index(corpus_path, fingerprint=fp, n_vocab=n_vocab) if corpus_path is not None else None
+    return SuffixSource(history=history, n_vocab=n_vocab, corpus=corpus)
 
 
 def save_suffix_history(source: SuffixSource, path: str) -> None:

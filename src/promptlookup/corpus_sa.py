@@ -1,0 +1,101 @@
+"""``promptlookup index``: tokenize a corpus in parallel and write its suffix-array index.
+
+Why a separate step from ``create``: the 2-gram cache only needs counts and streams through the
+corpus in bounded memory, while the suffix array needs the whole token array at once (4 bytes per
+token, plus the sort's working set). The tokenization is ``create``'s (same blocks, same workers,
+same llama.cpp call), so both files see exactly the same tokens of the same corpus.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import time
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+
+import numpy as np
+
+from promptlookup import corpus
+from promptlookup.corpus import BLOCK, VocabTokenizer, iter_blocks
+from promptlookup.drafting.corpus_index import build_suffix_array, write_index
+
+
+def _worker_tokens(data: bytes, add_special: bool) -> np.ndarray:
+    assert corpus._WORKER is not None
+    return corpus._WORKER.tokenize(data, add_special=add_special, parse_special=True)
+
+
+@dataclass
+class IndexStats:
+    n_bytes: int = 0
+    n_tokens: int = 0
+    file_bytes: int = 0
+    t_tokenize_s: float = 0.0
+    t_sort_s: float = 0.0
+    t_write_s: float = 0.0
+    peak_rss_bytes: int = 0
+
+    def report_lines(self) -> list[str]:
+        return [
+            f"index: {self.n_bytes / 1e6:.1f} MB -> {self.n_tokens} tokens -> {self.file_bytes / 1e6:.1f} MB "
+            f"file; tokenize {self.t_tokenize_s:.1f} s, suffix array {self.t_sort_s:.1f} s, "
+            f"write {self.t_write_s:.1f} s",
+            f"index: peak RSS {self.peak_rss_bytes / 2**20:.0f} MiB",
+        ]
+
+
+def tokenize_corpus(paths: Sequence[str | os.PathLike[str]], model_path: str | os.PathLike[str],
+                    workers: int = 2, progress: bool = True, block: int = BLOCK) -> np.ndarray:
+    """The corpus's tokens, as ``create`` tokenizes it (blocks in ``workers`` processes)."""
+    from tqdm import tqdm
+
+    for p in paths:
+        if not Path(p).is_file():
+            raise ValueError(f"corpus file not found: {p}")
+    total = sum(Path(p).stat().st_size for p in paths)
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc="tokenize", disable=not progress,
+               file=sys.stderr)
+    parts: list[np.ndarray] = []
+    with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=get_context("spawn"),
+                             initializer=corpus._worker_init, initargs=(str(model_path),)) as pool:
+        inflight: deque[tuple[Future, int]] = deque()
+        first = True
+        for data in iter_blocks(paths, block):
+            inflight.append((pool.submit(_worker_tokens, data, first), len(data)))
+            first = False
+            while len(inflight) >= 2 * max(1, workers):
+                fut, nbytes = inflight.popleft()
+                parts.append(fut.result())
+                bar.update(nbytes)
+        while inflight:
+            fut, nbytes = inflight.popleft()
+            parts.append(fut.result())
+            bar.update(nbytes)
+    bar.close()
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+
+
+def run_index(paths: Sequence[str], model_path: str | os.PathLike[str], output: str, workers: int = 2,
+              progress: bool = True) -> IndexStats:
+    """Tokenize ``paths`` (joined), build the suffix array, write it atomically to ``output``."""
+    if not Path(output).resolve().parent.is_dir():
+        raise ValueError(f"output directory does not exist: {Path(output).parent}")
+    tok = VocabTokenizer(model_path)
+    fp = tok.fingerprint()
+    st = IndexStats(n_bytes=sum(Path(p).stat().st_size for p in paths if Path(p).is_file()))
+    t0 = time.perf_counter()
+    tokens = tokenize_corpus(paths, model_path, workers=workers, progress=progress)
+    t1 = time.perf_counter()
+    sa = build_suffix_array(tokens, tok.n_vocab)
+    t2 = time.perf_counter()
+    st.file_bytes = write_index(output, tokens, sa, tok.n_vocab, fp)
+    st.t_tokenize_s, st.t_sort_s, st.t_write_s = t1 - t0, t2 - t1, time.perf_counter() - t2
+    st.n_tokens = len(tokens)
+    st.peak_rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return st
