@@ -138,14 +138,27 @@ def load_arctic(path: str | None):
     return mod
 
 
-def sources(arctic, n_vocab: int, history_budget: int, which: set[str]):
-    """(name, factory) for every source compared; each factory makes a fresh source (fresh history)."""
+def sources(arctic, n_vocab: int, history_budget: int, which: set[str],
+            grid: list[tuple[float, float]] = (), corpus=None, margins: tuple[int, ...] = (0,)):
+    """(name, factory) for every source compared; each factory makes a fresh source (fresh history).
+
+    ``grid``: extra ``(min_prob, local_weight)`` settings of ``suffix (with history)``; ``corpus``:
+    an opened corpus index, for a ``suffix (history + corpus)`` row.
+    """
     out = [
         ("ngram", lambda: SuffixMatchSource()),
         ("suffix (request only)", lambda: SuffixSource(n_vocab=n_vocab)),
         ("suffix (with history)",
          lambda: SuffixSource(history=History(budget=history_budget), n_vocab=n_vocab)),
     ]
+    for p, w in grid:
+        out.append((f"suffix (with history, p{p:g}, w{w:g})",
+                    lambda p=p, w=w: SuffixSource(history=History(budget=history_budget), n_vocab=n_vocab,
+                                                  min_prob=p, local_weight=w)))
+    for m in margins if corpus is not None else ():
+        out.append((f"suffix (history + corpus, margin {m})",
+                    lambda m=m: SuffixSource(history=History(budget=history_budget), n_vocab=n_vocab,
+                                             corpus=corpus, corpus_margin=m)))
     try:
         from promptlookup.drafting.lookup import LookupSource
 
@@ -174,7 +187,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--history-budget", type=int, default=1 << 20)
     ap.add_argument("--cache-dir", default=str(Path.home() / ".cache/promptlookup/suffix_bench"))
     ap.add_argument("--csv", help="write every cell here")
+    ap.add_argument("--grid", default="",
+                    help="extra suffix rows, 'P:W,P:W' = (min_prob, local_weight) pairs, or "
+                         "'P1/P2/..:W1/W2/..' for every combination")
+    ap.add_argument("--suffix-corpus", help="corpus index (promptlookup index) for history + corpus rows")
+    ap.add_argument("--corpus-margins", default="0", help="comma-separated corpus_margin values")
     args = ap.parse_args(argv)
+    grid: list[tuple[float, float]] = []
+    for cell in filter(None, args.grid.split(",")):
+        ps, ws = cell.split(":")
+        grid += [(float(p), float(w)) for p in ps.split("/") for w in ws.split("/")]
+    corpus = None
+    if args.suffix_corpus:
+        from promptlookup.drafting.corpus_index import open_index
+
+        corpus = open_index(args.suffix_corpus)
 
     raw = texts(args.trio_wheel)
     if args.texts:
@@ -188,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.max_tokens:
             ids = ids[: args.max_tokens]
         for k in (int(x) for x in args.drafts.split(",")):
-            for sname, factory in sources(arctic, n_vocab, args.history_budget, which):
+            for sname, factory in sources(arctic, n_vocab, args.history_budget, which, grid, corpus,
+                                            tuple(int(m) for m in args.corpus_margins.split(","))):
                 t0 = time.perf_counter()
                 st = replay(ids, args.ctx, k, factory)
                 wall = time.perf_counter() - t0

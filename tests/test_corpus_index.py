@@ -119,17 +119,19 @@ def test_the_corpus_adds_on_equal_match_length(tmp_path):
 @given(hs.lists(hs.integers(0, 3), min_size=1, max_size=30),
        hs.lists(hs.integers(0, 3), max_size=50),
        hs.lists(hs.integers(0, 3), max_size=15),
-       hs.integers(1, 6), hs.integers(1, 6), hs.integers(1, 7))
-def test_fast_equals_reference_property(tmp_path, toks, corpus, hist, depth, cap, k):
+       hs.integers(1, 6), hs.integers(1, 6), hs.integers(1, 7), hs.integers(0, 2))
+def test_fast_equals_reference_property(tmp_path, toks, corpus, hist, depth, cap, k, margin):
     ix = _index(tmp_path, corpus, n_vocab=4, name=f"p{os.getpid()}.plsa") if corpus else None
     h = History(budget=10_000, depth=depth)
     if hist:
         h.add(hist)
-    s = SuffixSource(history=h, depth=depth, n_vocab=8, record=False, corpus=ix, corpus_max_match=cap)
+    s = SuffixSource(history=h, depth=depth, n_vocab=8, record=False, corpus=ix, corpus_max_match=cap,
+                     corpus_margin=margin)
     s.reset(toks[:1])
     s.extend(toks[1:])
     d = s.propose(k)
-    tokens, _, match = draft_reference(toks, h.text(), k, depth, corpus=corpus, corpus_max_match=cap)
+    tokens, _, match = draft_reference(toks, h.text(), k, depth, corpus=corpus, corpus_max_match=cap,
+                                       corpus_margin=margin)
     assert list(d.tokens) == tokens
     assert d.match_len == match
 

@@ -447,31 +447,44 @@ def _search(tok, sa, buckets, ctx, n_ctx, upper, state):
 
 
 @njit(cache=True)
-def _step(tok, sa, buckets, ctx, n_ctx, cap, state):
-    """``ctx[:n_ctx]`` just grew by one token (``ctx[n_ctx-1]``) from the context ``state`` holds:
-    update ``(lo, hi, L)``. The new match is at most ``L + 1`` long: try narrowing first."""
-    L = state[2]
-    t = ctx[n_ctx - 1]
-    if cap > L and n_ctx > L:
-        if L == 0:
-            if t >= 0 and t + 1 < len(buckets):
-                lo, hi = buckets[t], buckets[t + 1]
-            else:
-                lo, hi = 0, 0
-        else:
-            lo, hi = _narrow(tok, sa, state[0], state[1], L, t)
-            if lo < 0:
-                return -1
-        f = _n_followed(tok, sa, lo, hi, L + 1)
+def _search_from(tok, sa, buckets, ctx, n_ctx, lower, upper, state):
+    """Like :func:`_search`, but only lengths ``>= lower`` matter: one probe at ``lower`` settles
+    the usual case (the corpus's match is too short to decide), so ``L = 0`` stands for "< lower"."""
+    state[0] = 0
+    state[1] = 0
+    state[2] = 0
+    if lower > upper:
+        return 0
+    lo, hi = _interval(tok, sa, buckets, ctx, n_ctx - lower, n_ctx)
+    if lo < 0:
+        return -1
+    f = _n_followed(tok, sa, lo, hi, lower)
+    if f < 0:
+        return -1
+    if f == 0:
+        return 0
+    best_lo = lo
+    best_hi = hi
+    good = lower
+    bad = upper + 1
+    while bad - good > 1:
+        mid = (good + bad) >> 1
+        lo, hi = _interval(tok, sa, buckets, ctx, n_ctx - mid, n_ctx)
+        if lo < 0:
+            return -1
+        f = _n_followed(tok, sa, lo, hi, mid)
         if f < 0:
             return -1
         if f > 0:
-            state[0] = lo
-            state[1] = hi
-            state[2] = L + 1
-            return 0
-        return _search(tok, sa, buckets, ctx, n_ctx, min(L, n_ctx), state)
-    return _search(tok, sa, buckets, ctx, n_ctx, min(L + 1, cap, n_ctx), state)
+            good = mid
+            best_lo = lo
+            best_hi = hi
+        else:
+            bad = mid
+    state[0] = best_lo
+    state[1] = best_hi
+    state[2] = good
+    return 0
 
 
 @njit(cache=True)

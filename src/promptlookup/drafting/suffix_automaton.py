@@ -43,8 +43,7 @@ N_STATE_COLS = 8
 E_NEXT, E_TOK, E_TO = range(3)
 # meta slots
 M_STATES, M_EDGES, M_LASTSTATE, M_POS, M_DEPTH, M_GV, M_GM = range(7)  # GV, GM: a matcher's (v, m)
-# slots 8..13: a corpus matcher's (lo, hi, length) for the confirmed text and for a draft in progress
-M_CORPUS, M_CORPUS_DRAFT = 8, 11
+M_CORPUS = 8  # slots 8..10: a corpus match's (lo, hi, length) while drafting
 N_META = 16
 
 _EMPTY = np.int64(-1)

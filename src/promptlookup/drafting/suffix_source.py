@@ -17,7 +17,9 @@ already drafted:
 2. The candidates are the tokens that follow those occurrences. A candidate ``c`` scores the number
    of occurrences of the context plus ``c``, counted on its last ``min(L*+1, depth)`` tokens.
 3. The provider with the longest ``L*`` decides; on equal ``L*`` the scores add (the request's
-   weighted by ``local_weight``, the corpus's by ``corpus_weight``).
+   weighted by ``local_weight``, the corpus's by ``corpus_weight``). The corpus's ``L*`` enters
+   this comparison as ``L* - corpus_margin`` (default 0): a margin lets the request and history,
+   which predict this text better than a generic corpus, keep deciding on near-equal matches.
 4. The highest score wins; ties go to the candidate seen most recently in the request, then most
    recently in the history, then the lowest token id.
 5. Its estimated probability is its score over the candidates' total; the draft's probability is
@@ -46,8 +48,7 @@ from promptlookup.drafting.corpus_index import (
     CorpusIndex,
     _interval,
     _narrow,
-    _search,
-    _step,
+    _search_from,
     empty_index,
 )
 from promptlookup.drafting.suffix_automaton import (
@@ -60,7 +61,6 @@ from promptlookup.drafting.suffix_automaton import (
     LEN,
     LINK,
     M_CORPUS,
-    M_CORPUS_DRAFT,
     M_DEPTH,
     M_GM,
     M_GV,
@@ -78,9 +78,10 @@ DEFAULT_MIN_MATCH = 1
 DEFAULT_MIN_PROB = 0.0
 DEFAULT_LOCAL_WEIGHT = 1.0
 DEFAULT_CORPUS_WEIGHT = 1.0
+DEFAULT_CORPUS_MARGIN = 0
 
 # the kernel's float array: parameters, then features, then the drafted tokens
-P_MIN_MATCH, P_MIN_PROB, P_LOCAL_W, P_CORPUS_W, P_DEPTH_G, P_CORPUS_CAP = range(6)
+P_MIN_MATCH, P_MIN_PROB, P_LOCAL_W, P_CORPUS_W, P_DEPTH_G, P_CORPUS_CAP, P_CORPUS_MARGIN = range(7)
 IO_FEAT = 8
 F_MATCH, F_COUNT, F_TOTAL, F_PROB, F_FROM_HISTORY, F_FROM_CORPUS = range(6)
 IO_OUT = 16
@@ -123,7 +124,7 @@ def draft_reference(
     local: Sequence[int], history: Sequence[int], k: int, depth: int, min_match: int = DEFAULT_MIN_MATCH,
     min_prob: float = DEFAULT_MIN_PROB, local_weight: float = DEFAULT_LOCAL_WEIGHT,
     corpus: Sequence[int] = (), corpus_max_match: int = DEFAULT_MAX_MATCH,
-    corpus_weight: float = DEFAULT_CORPUS_WEIGHT,
+    corpus_weight: float = DEFAULT_CORPUS_WEIGHT, corpus_margin: int = DEFAULT_CORPUS_MARGIN,
 ) -> tuple[list[int], list[float], int]:
     """The whole ``--suffix`` rule by brute force: ``(tokens, probabilities, first match length)``.
 
@@ -140,7 +141,8 @@ def draft_reference(
         ll = _longest_with_follower(local, context)
         lg = _longest_with_follower(history, context) if history else 0
         lc = _longest_with_follower(corpus, context, corpus_max_match) if len(corpus) else 0
-        top = max(ll, lg, lc)
+        lc_eff = lc - corpus_margin if lc else 0
+        top = max(ll, lg, lc_eff)
         if i == 0:
             first_match = top
         if top < min_match:
@@ -154,7 +156,7 @@ def draft_reference(
                 entry = cand.setdefault(c, [0.0, -1, -1])
                 entry[0] += n
                 entry[2] = last
-        if lc == top:
+        if lc and lc_eff == top:
             for c, (n, _) in _scores(corpus, context, lc, depth).items():
                 cand.setdefault(c, [0.0, -1, -1])[0] += corpus_weight * n
         total = sum(v[0] for v in cand.values())
@@ -247,10 +249,9 @@ def _collect_corpus(ctok, csa, cbk, buf, n_ctx, lo, hi, m, depth, weight, scratc
 
 
 @njit(cache=True)
-def _catch_up(lst, led, lhk, lhv, lmeta, buf, n, gst, ged, ghk, ghv, ctok, csa, cbk, cap):
-    """Apply the tokens appended since the last call (``buf[pos:n]``) to the request's automaton,
-    the history matcher (``lmeta[M_GV], lmeta[M_GM]``) and the corpus matcher (``lmeta[M_CORPUS:]``);
-    -1 if a token is negative, -2 if the corpus index is corrupt."""
+def _catch_up(lst, led, lhk, lhv, lmeta, buf, n, gst, ged, ghk, ghv):
+    """Apply the tokens appended since the last call (``buf[pos:n]``) to the request's automaton
+    and the history matcher (``lmeta[M_GV], lmeta[M_GM]``); -1 if a token is negative."""
     pos = lmeta[M_POS]
     if pos == n:
         return 0
@@ -265,15 +266,6 @@ def _catch_up(lst, led, lhk, lhv, lmeta, buf, n, gst, ged, ghk, ghv, ctok, csa, 
         v, m = match_step(gst, ghk, ghv, ged, v, m, new[i])
     lmeta[M_GV] = v
     lmeta[M_GM] = m
-    if len(ctok) and cap > 0:
-        cs = lmeta[M_CORPUS : M_CORPUS + 3]
-        if n - pos > 4:  # the match depends on the last ``cap`` tokens only: search afresh
-            if _search(ctok, csa, cbk, buf, n, min(cap, n), cs) < 0:
-                return -2
-        else:
-            for j in range(pos + 1, n + 1):
-                if _step(ctok, csa, cbk, buf, j, cap, cs) < 0:
-                    return -2
     return 0
 
 
@@ -287,24 +279,31 @@ def _draft(lst, led, lhk, lhv, lmeta, buf, n, k, gst, ged, ghk, ghv, ctok, csa, 
     corpus_weight = io[P_CORPUS_W]
     depth_g = np.int64(io[P_DEPTH_G])
     cap = np.int64(io[P_CORPUS_CAP])
-    r = _catch_up(lst, led, lhk, lhv, lmeta, buf, n, gst, ged, ghk, ghv, ctok, csa, cbk, cap)
-    if r < 0:
-        return r
+    margin = np.int64(io[P_CORPUS_MARGIN])
+    if _catch_up(lst, led, lhk, lhv, lmeta, buf, n, gst, ged, ghk, ghv) < 0:
+        return -1
     depth_l = lmeta[M_DEPTH]
     vl = lmeta[M_LASTSTATE]
     ml = lst[vl, LEN]
     vg = lmeta[M_GV]
     mg = lmeta[M_GM]
-    cs = lmeta[M_CORPUS_DRAFT : M_CORPUS_DRAFT + 3]
-    cs[:] = lmeta[M_CORPUS : M_CORPUS + 3]
+    cs = lmeta[M_CORPUS : M_CORPUS + 3]
     use_corpus = len(ctok) > 0 and cap > 0
     path = 1.0
     n_out = 0
     for i in range(k):
         vl, ml = _back_off(lst, vl, ml)
         vg, mg = _back_off(gst, vg, mg)
-        mc = cs[2]
-        top = max(ml, mg, mc)
+        # the corpus is searched only for matches that could decide: at least max(ml, mg,
+        # min_match) + margin tokens (one probe when it cannot), never kept between calls
+        mc = 0
+        lower = max(ml, mg, np.int64(min_match), 1) + margin
+        if use_corpus and lower <= min(cap, n + i):
+            if _search_from(ctok, csa, cbk, buf, n + i, lower, min(cap, n + i), cs) < 0:
+                return -2
+            mc = cs[2]
+        mc_eff = mc - margin if mc > 0 else 0
+        top = max(ml, mg, mc_eff)
         if i == 0:
             io[IO_FEAT + F_MATCH] = top
         if top < min_match:
@@ -314,7 +313,7 @@ def _draft(lst, led, lhk, lhv, lmeta, buf, n, k, gst, ged, ghk, ghv, ctok, csa, 
             nt = _collect(lst, led, depth_l, vl, local_weight, R_LLAST, scratch, nt)
         if mg == top:
             nt = _collect(gst, ged, depth_g, vg, 1.0, R_GLAST, scratch, nt)
-        if mc == top:
+        if mc > 0 and mc_eff == top:
             nt = _collect_corpus(ctok, csa, cbk, buf, n + i, cs[0], cs[1], mc, depth_l, corpus_weight,
                                  scratch, nt)
             if nt < 0:
@@ -353,7 +352,7 @@ def _draft(lst, led, lhk, lhv, lmeta, buf, n, k, gst, ged, ghk, ghv, ctok, csa, 
             io[IO_FEAT + F_COUNT] = score[best]
             io[IO_FEAT + F_TOTAL] = total
             io[IO_FEAT + F_FROM_HISTORY] = 1.0 if mg == top and ml < top else 0.0
-            io[IO_FEAT + F_FROM_CORPUS] = 1.0 if mc == top and ml < top and mg < top else 0.0
+            io[IO_FEAT + F_FROM_CORPUS] = 1.0 if mc > 0 and mc_eff == top and ml < top and mg < top else 0.0
         for j in range(nt):
             t = np.int64(scratch[R_TOUCHED, j])
             score[t] = 0.0
@@ -368,8 +367,6 @@ def _draft(lst, led, lhk, lhv, lmeta, buf, n, k, gst, ged, ghk, ghv, ctok, csa, 
         buf[n + i] = best
         vl, ml = match_step(lst, lhk, lhv, led, vl, ml, best)
         vg, mg = match_step(gst, ghk, ghv, ged, vg, mg, best)
-        if use_corpus and i + 1 < k and _step(ctok, csa, cbk, buf, n + i + 1, cap, cs) < 0:
-            return -2
     io[IO_FEAT + F_PROB] = path
     return n_out
 
@@ -404,7 +401,8 @@ class SuffixSource:
                  min_prob: float = DEFAULT_MIN_PROB, local_weight: float = DEFAULT_LOCAL_WEIGHT,
                  record: bool = True, n_vocab: int = 1 << 17, corpus: CorpusIndex | None = None,
                  corpus_max_match: int = DEFAULT_MAX_MATCH,
-                 corpus_weight: float = DEFAULT_CORPUS_WEIGHT) -> None:
+                 corpus_weight: float = DEFAULT_CORPUS_WEIGHT,
+                 corpus_margin: int = DEFAULT_CORPUS_MARGIN) -> None:
         if min_match < 1:
             raise ValueError(f"suffix min-match must be at least 1, got {min_match}")
         if not 0.0 <= min_prob <= 1.0:
@@ -420,6 +418,7 @@ class SuffixSource:
         self.corpus = corpus
         self.corpus_max_match = corpus_max_match
         self.corpus_weight = float(corpus_weight)
+        self.corpus_margin = int(corpus_margin)
         self._index = corpus if corpus is not None else empty_index()
         if corpus is not None and corpus.n_vocab > n_vocab:
             raise ValueError(f"the corpus index has a vocabulary of {corpus.n_vocab}, "
@@ -446,6 +445,7 @@ class SuffixSource:
         io = np.zeros(IO_OUT + k_max, dtype=np.float64)
         io[P_MIN_MATCH], io[P_MIN_PROB], io[P_LOCAL_W] = self.min_match, self.min_prob, self.local_weight
         io[P_CORPUS_W], io[P_CORPUS_CAP] = self.corpus_weight, self.corpus_max_match
+        io[P_CORPUS_MARGIN] = self.corpus_margin
         self._io = io
 
     def _global(self) -> SuffixAutomaton:
@@ -478,7 +478,6 @@ class SuffixSource:
         meta = self._local.meta
         meta[M_GV] = 0
         meta[M_GM] = 0
-        meta[M_CORPUS : M_CORPUS + 3] = 0
         g = self._global()
         self._g_seen, self._g_len = g, g.n_tokens
         self._io[P_DEPTH_G] = g.meta[M_DEPTH]
