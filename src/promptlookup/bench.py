@@ -7,7 +7,10 @@ speculated cell also says whether its output is token-identical to the first pla
 
 A cell is ``NAME[:key=value...]``: ``off``, ``ngram`` (``draft``, ``min``, ``max``), ``lookup``
 (``draft``, ``static=FILE``, ``dynamic=FILE``), ``suffix`` (``draft``) and ``auto`` (``static=FILE``,
-``curve=FILE``).
+``curve=FILE``). Peers (:mod:`promptlookup.peers`) run the engines' own prompt lookup on the same ids:
+``peer-llamacpp`` (``pred``: llama-cpp-python's num_pred_tokens, 0 = its plain loop) and ``peer-hf``
+(``pld``: transformers' prompt_lookup_num_tokens, 0 = plain generate). A peer is compared with our
+plain run when it is the bench backend's engine, else with its own 0 setting (``-`` until that ran).
 """
 
 from __future__ import annotations
@@ -31,7 +34,11 @@ CELL_KEYS = {
     "lookup": {"draft", "static", "dynamic"},
     "suffix": {"draft"},
     "auto": {"static", "curve"},
+    "peer-llamacpp": {"pred"},
+    "peer-hf": {"pld"},
 }
+# peer cell -> (peers.run_cell name, its setting key, the engine whose plain greedy it should equal)
+PEERS = {"peer-llamacpp": ("llamacpp", "pred", "llama.cpp"), "peer-hf": ("hf", "pld", "transformers")}
 
 
 class CellError(ValueError):
@@ -83,7 +90,7 @@ class CellRun:
     cell: Cell
     repeat: int
     counters: Counters
-    identical: bool
+    identical: bool | None  # None: nothing to compare with (a peer on another engine)
     wall_s: float
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -142,16 +149,22 @@ def run_bench(backend, workloads: dict[str, list[int]], cells: Sequence[Cell], r
 
     runs: list[CellRun] = []
     oracles: dict[str, float] = {}
+    engines: dict[str, Any] = {}  # peers' own loaded models, kept across cells
     total = len(workloads) * len(cells) * repeat
     done = 0
     for wname, prompt in workloads.items():
         reference: list[int] | None = None
+        peer_refs: dict[str, list[int]] = {}
         for r in range(repeat):
             order = list(cells) if r % 2 == 0 else list(reversed(cells))
             for cell in order:
                 done += 1
                 if progress:
                     progress(f"[{done}/{total}] {wname} {cell.label} (round {r + 1})")
+                if cell.name in PEERS:
+                    runs.append(_peer_run(cell, backend, wname, prompt, n_predict, r + 1, reference,
+                                          peer_refs, engines))
+                    continue
                 source, draft = make_source(cell, backend)
                 t0 = time.perf_counter()
                 gen = generate(backend, prompt, n_predict, source=source, draft=draft)
@@ -169,6 +182,23 @@ def run_bench(backend, workloads: dict[str, list[int]], cells: Sequence[Cell], r
     return runs, oracles
 
 
+def _peer_run(cell: Cell, backend, wname: str, prompt: list[int], n_predict: int, round_: int,
+              reference: list[int] | None, peer_refs: dict[str, list[int]],
+              engines: dict[str, Any]) -> CellRun:
+    from promptlookup import peers
+
+    peer, key, engine = PEERS[cell.name]
+    setting = cell.int_option(key, 3)
+    tokens, counters, wall = peers.run_cell(peer, setting, backend, prompt, n_predict, engines)
+    if engine == getattr(backend, "name", ""):
+        ref = reference
+    else:
+        if setting == 0:
+            peer_refs.setdefault(engine, tokens)
+        ref = peer_refs.get(engine)
+    return CellRun(wname, cell, round_, counters, None if ref is None else tokens == ref, wall)
+
+
 def table(runs: Sequence[CellRun]) -> str:
     head = ("| workload | cell | round | tok/s | effective | acceptance | tok/verify | drafted steps | "
             "decodes | majflt/token | identical to plain |")
@@ -176,11 +206,15 @@ def table(runs: Sequence[CellRun]) -> str:
     for r in runs:
         c = r.counters
         acc = f"{100 * c.acceptance:.1f}%" if c.drafted_tokens else "-"
-        cov = f"{100 * c.coverage:.1f}%" if r.cell.name != "off" else "-"
+        cov = f"{100 * c.coverage:.1f}%" if r.cell.name != "off" and r.cell.name not in PEERS else "-"
         lines.append(f"| {r.workload} | {r.cell.label} | {r.repeat} | {c.reported_tps:.2f} | "
                      f"**{c.effective_tps:.2f}** | {acc} | {c.tokens_per_decode:.2f} | {cov} | {c.decodes} | "
-                     f"{c.major_faults_per_token:.2f} | {'yes' if r.identical else 'no'} |")
+                     f"{c.major_faults_per_token:.2f} | {_yes_no(r.identical)} |")
     return "\n".join(lines)
+
+
+def _yes_no(flag: bool | None) -> str:
+    return "-" if flag is None else "yes" if flag else "no"
 
 
 def summary(runs: Sequence[CellRun], oracles: dict[str, float] | None = None) -> str:

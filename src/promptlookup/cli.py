@@ -35,8 +35,13 @@ def _int_in(lo: int, hi: int | None, what: str):
     return parse
 
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-m", "--model", help="GGUF model file (default: bundled SmolLM2-135M-Instruct)")
+def _add_model_args(p: argparse.ArgumentParser, backend: bool = False) -> None:
+    p.add_argument("-m", "--model", help="GGUF model file (default: bundled SmolLM2-135M-Instruct); "
+                   "with --backend transformers also a local model directory")
+    if backend:
+        p.add_argument("--backend", choices=("llama.cpp", "transformers"), default="llama.cpp",
+                       help="engine (default llama.cpp); transformers needs the [transformers] extra "
+                            "and loads a GGUF dequantized to fp32")
     p.add_argument("-t", "--threads", type=_int_in(1, None, "--threads"),
                    help="CPU threads (default: the cores available)")
     p.add_argument("-c", "--ctx-size", type=_int_in(16, None, "--ctx-size"), default=4096,
@@ -62,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="generate text greedily, speculating by prompt lookup",
                        description="Greedy generation; with a draft source, exact speculation.")
-    _add_model_args(g)
+    _add_model_args(g, backend=True)
     src = g.add_mutually_exclusive_group()
     src.add_argument("-p", "--prompt", help="prompt text")
     src.add_argument("-f", "--file", help="read the prompt from this file ('-' for stdin)")
@@ -96,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_lookup_commands(sub)
     _add_bench_command(sub)
     cc = sub.add_parser("curve", help="measure a model's verify cost curve (cached for --speculate auto)")
-    _add_model_args(cc)
+    _add_model_args(cc, backend=True)
     cc.add_argument("--max-tokens", type=_int_in(2, 64, "--max-tokens"), default=MAX_DRAFT + 1,
                     help=f"widest verify to time (default {MAX_DRAFT + 1})")
     cc.add_argument("-o", "--output", metavar="FILE", help="also write the curve to FILE (JSON)")
@@ -107,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_bench_command(sub) -> None:
     b = sub.add_parser("bench", help="A/B cells back to back on one loaded model (seed 000's tables)")
-    _add_model_args(b)
+    _add_model_args(b, backend=True)
     b.add_argument("-w", "--workload", nargs="+", default=["benchmarks/workloads"], metavar="PATH",
                    help="prompt files, or directories of *.txt prompts (default benchmarks/workloads)")
     b.add_argument("--cells", default="off,ngram,auto",
@@ -201,8 +206,14 @@ def _read_prompt(args: argparse.Namespace) -> str:
 
 
 def _load_backend(args: argparse.Namespace):
-    from promptlookup.backends.llama_cpp import LlamaCppBackend
     from promptlookup.models import resolve_model
+
+    if getattr(args, "backend", "llama.cpp") == "transformers":
+        from promptlookup.backends.transformers import TransformersBackend
+
+        path = Path(args.model) if args.model and Path(args.model).is_dir() else resolve_model(args.model)
+        return TransformersBackend(path, n_ctx=args.ctx_size, n_threads=args.threads)
+    from promptlookup.backends.llama_cpp import LlamaCppBackend
 
     path = resolve_model(args.model)
     return LlamaCppBackend(path, n_ctx=args.ctx_size, n_threads=args.threads)

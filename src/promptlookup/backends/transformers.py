@@ -1,0 +1,268 @@
+"""Hugging Face transformers: the same speculative loop on a torch model.
+
+Why a second engine: it shows the loop and its draft sources are engine-agnostic (nothing above
+:mod:`promptlookup.backends.base` changes), and it lets us run transformers' own prompt lookup
+(``generate(prompt_lookup_num_tokens=...)``) on the very same weights as a peer. It loads any local
+model directory, or a GGUF through ``gguf_file=`` (needs ``gguf``; transformers dequantizes it, here
+to fp32). Nothing is fetched from a hub: ``local_files_only`` is always set.
+
+The KV cache is one ``DynamicCache``; rollback crops it (``crop`` takes a negative count of tokens
+to drop, which both transformers 4.x and 5.x read the same way). Argmax is taken in torch, so only
+ids cross into Python.
+
+Padding short verify batches. On this CPU (2 threads, torch 2.13 CPU build, SmolLM2-135M fp32,
+128 tokens of context) the cost of one forward is not monotone in its width: widths whose remainder
+mod 4 is 2 or 3 hit a slow matmul path, most visibly in the 49152 x 576 fp32 output layer
+(that matmul alone: 1 token 10 ms, 2: 21, 3: 32, 4: 16, 5: 16, 6: 23, 7: 33, 8: 17). Measured
+verify costs, best of 11 interleaved repetitions (ms)::
+
+    width          1     2     3     4     5     6     7     8     9
+    plain         55    85   106    75    68    75    92    72    79
+    padded        54    74    76    74    67    72    73    72    78   (2,3 -> 4; 6,7 -> 8)
+
+So a verify of 2-3 tokens is padded to 4 and one of 6-7 to 8: dummy tokens (repeats of the last
+real one) are appended, their outputs ignored and their cache entries cropped at once. Causal
+attention means the real positions never see them. ``pad_to={}`` turns it off; re-measure with
+``benchmarks/transformers_verify_cost.py`` on another machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import io
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from promptlookup.backends.base import BackendError
+
+DEFAULT_N_CTX = 4096
+PREFILL_CHUNK = 512
+DEFAULT_PAD_TO: Mapping[int, int] = {2: 4, 3: 4, 6: 8, 7: 8}
+INSTALL_HINT = "pip install 'promptlookup[transformers]' (torch==2.13.0 transformers accelerate gguf)"
+# Token texts llama.cpp also treats as end-of-generation (turn ends, and the FIM pad/repo tokens), so
+# that both backends stop at the same place on the same vocabulary.
+_EOG_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|return|>",
+              "<EOT>", "<|fim_pad|>", "<fim-pad>", "<|repo_name|>", "<reponame>", "<|fim_repo|>")
+# llama-cpp-python's detokenize of one token returns nothing for a piece longer than 32 bytes; the
+# fingerprints already written into cache files were computed that way, so ours hashes the same.
+_LLAMA_CPP_PIECE_LIMIT = 32
+
+
+def import_torch_transformers() -> tuple[Any, Any]:
+    """``(torch, transformers)``, or a :class:`BackendError` naming the install command."""
+    try:
+        import torch
+        import transformers
+    except ImportError as exc:
+        raise BackendError(f"--backend transformers needs torch and transformers ({exc.name} is "
+                           f"missing): {INSTALL_HINT}") from None
+    return torch, transformers
+
+
+def split_model_path(path: str | os.PathLike[str]) -> tuple[Path, str | None]:
+    """``(directory, gguf file name or None)`` for a model directory or a GGUF file."""
+    p = Path(path)
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise BackendError(f"model directory has no config.json: {p}")
+        return p, None
+    from promptlookup.models import check_gguf
+
+    try:
+        p = check_gguf(p)
+    except ValueError as exc:
+        raise BackendError(f"{exc} (--backend transformers takes a model directory or a GGUF file)") from None
+    return p.parent, p.name
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet, reversed: printable stand-in character -> byte."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs, strict=True)}
+
+
+class TransformersBackend:
+    """A transformers causal LM with one sequence of ``DynamicCache``, decoded greedily."""
+
+    name = "transformers"
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        n_ctx: int = DEFAULT_N_CTX,
+        n_threads: int | None = None,
+        dtype: str = "float32",
+        pad_to: Mapping[int, int] | None = None,
+    ) -> None:
+        torch, transformers = import_torch_transformers()
+        from promptlookup.backends.llama_cpp import default_threads
+
+        self._torch = torch
+        self.model_path = Path(model_path)
+        self.n_threads = n_threads or default_threads()
+        torch.set_num_threads(self.n_threads)
+        self.pad_to = dict(DEFAULT_PAD_TO if pad_to is None else pad_to)
+        directory, gguf = split_model_path(self.model_path)
+        kwargs: dict[str, Any] = {"local_files_only": True}
+        if gguf:
+            kwargs["gguf_file"] = gguf
+        transformers.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+        try:  # GGUF conversion draws a tqdm bar on stderr that no setting turns off
+            with contextlib.redirect_stderr(io.StringIO()):
+                self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory), **kwargs)
+                self.model = transformers.AutoModelForCausalLM.from_pretrained(
+                    str(directory), dtype=getattr(torch, dtype), **kwargs).eval()
+        except (OSError, ValueError, ImportError, RuntimeError, KeyError) as exc:
+            raise BackendError(f"transformers could not load {self.model_path}: {exc}") from exc
+        self._cache_cls = transformers.DynamicCache
+        # transformers 5 renamed forward's past_key_values to cache (the old name warns)
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._cache = self._cache_cls()
+        cfg = self.model.config
+        self.n_vocab = int(self.model.get_output_embeddings().weight.shape[0])
+        limit = getattr(cfg, "max_position_embeddings", None) or n_ctx
+        self.n_ctx = min(n_ctx, int(limit))
+        self.n_past = 0
+        self._eog = self._eog_ids()
+
+    def _eog_ids(self) -> frozenset[int]:
+        ids: set[int] = set()
+        for src in (self.model.generation_config.eos_token_id, self.tokenizer.eos_token_id):
+            if isinstance(src, int):
+                ids.add(src)
+            elif src:
+                ids.update(int(t) for t in src)
+        for text in _EOG_TEXTS:
+            tid = self.tokenizer.convert_tokens_to_ids(text)
+            if (isinstance(tid, int) and 0 <= tid < self.n_vocab
+                    and self.tokenizer.convert_ids_to_tokens(tid) == text):
+                ids.add(tid)
+        return frozenset(ids)
+
+    # -- metadata -------------------------------------------------------------------------
+    @property
+    def eog_ids(self) -> frozenset[int]:
+        return self._eog
+
+    def is_eog(self, token: int) -> bool:
+        return int(token) in self._eog
+
+    def check_token(self, token: int) -> None:
+        if not 0 <= int(token) < self.n_vocab:
+            raise BackendError(f"token id {token} is outside the vocabulary (0..{self.n_vocab - 1})")
+
+    # -- tokenizer ------------------------------------------------------------------------
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        enc = self.tokenizer(text, add_special_tokens=add_special, split_special_tokens=not parse_special)
+        return list(enc["input_ids"])
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        for t in ids:
+            self.check_token(t)
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True,
+                                     clean_up_tokenization_spaces=False)
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a token stands for (byte-level BPE, SentencePiece or a special token's text)."""
+        piece = self.tokenizer.convert_ids_to_tokens(int(token))
+        if piece is None:
+            return b""
+        if piece in self.tokenizer.all_special_tokens or int(token) in self.tokenizer.added_tokens_decoder:
+            return piece.encode("utf-8")
+        if not hasattr(self, "_bytes_of"):
+            self._bytes_of = _byte_decoder()
+        if all(ch in self._bytes_of for ch in piece):
+            return bytes(self._bytes_of[ch] for ch in piece)
+        if piece.startswith("<0x") and piece.endswith(">") and len(piece) == 6:  # SentencePiece byte
+            return bytes([int(piece[3:5], 16)])
+        return piece.replace("\u2581", " ").encode("utf-8")
+
+    def fingerprint(self) -> str:
+        """Tokenizer fingerprint over each token's bytes; equals llama.cpp's for the same vocabulary."""
+        from promptlookup.fingerprint import fingerprint_pieces
+
+        pieces = (self.token_bytes(t) for t in range(self.n_vocab))
+        return fingerprint_pieces(self.n_vocab, (b if len(b) <= _LLAMA_CPP_PIECE_LIMIT else b""
+                                                 for b in pieces))
+
+    def chat_prompt(self, user: str, system: str | None = None) -> str:
+        """Render the model's own chat template for one user turn, ready for generation."""
+        if not self.tokenizer.chat_template:
+            raise BackendError(f"{self.model_path.name} has no chat template (--chat needs one)")
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": user}
+        ]
+        return str(self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+
+    # -- decoding -------------------------------------------------------------------------
+    def _forward(self, ids: Sequence[int], logits_to_keep: int) -> Any:
+        torch = self._torch
+        with torch.inference_mode():
+            out = self.model(input_ids=torch.tensor([list(ids)], dtype=torch.long), use_cache=True,
+                             logits_to_keep=logits_to_keep, **{self._cache_kw: self._cache})
+            return out.logits[0].argmax(dim=-1)
+
+    def _check(self, ids: Sequence[int]) -> None:
+        if not ids:
+            raise BackendError("nothing to decode")
+        if self.n_past + len(ids) > self.n_ctx:
+            raise BackendError(
+                f"context full: {self.n_past} cached + {len(ids)} new tokens > n_ctx {self.n_ctx}")
+        for t in ids:
+            self.check_token(t)
+
+    def prefill(self, ids: Sequence[int]) -> int:
+        self._cache = self._cache_cls()
+        self.n_past = 0
+        self._check(ids)
+        last = -1
+        for start in range(0, len(ids), PREFILL_CHUNK):
+            chunk = ids[start : start + PREFILL_CHUNK]
+            last = int(self._forward(chunk, logits_to_keep=1)[-1])
+            self.n_past += len(chunk)
+        return last
+
+    def verify(self, ids: Sequence[int]) -> list[int]:
+        self._check(ids)
+        m = len(ids)
+        width = self.pad_to.get(m, m)
+        if width > m and self.n_past + width <= self.n_ctx:
+            argmax = self._forward([*ids, *[ids[-1]] * (width - m)], logits_to_keep=0)[:m].tolist()
+            self._cache.crop(m - width)
+        else:
+            argmax = self._forward(ids, logits_to_keep=0).tolist()
+        self.n_past += m
+        return [int(t) for t in argmax]
+
+    def rollback(self, n_keep: int) -> None:
+        if not 0 <= n_keep <= self.n_past:
+            raise BackendError(f"cannot roll back to {n_keep} with {self.n_past} cached")
+        if n_keep == 0:
+            self._cache = self._cache_cls()
+        elif n_keep < self.n_past:
+            self._cache.crop(n_keep - self.n_past)
+        self.n_past = n_keep
+
+    def cached_length(self) -> int:
+        """Positions the cache actually holds (equals ``n_past``; for tests)."""
+        return int(self._cache.get_seq_length())
+
+    def close(self) -> None:
+        self._cache = None
+        self.model = None
+
+    def __del__(self) -> None:  # pragma: no cover - best effort at interpreter exit
+        with contextlib.suppress(Exception):
+            self.close()
