@@ -46,7 +46,7 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit
 
-from promptlookup.drafting.static_cache import atomic_write
+from promptlookup.fileio import atomic_write
 
 MAGIC = b"PLSUFIDX"
 VERSION = 1

@@ -36,10 +36,8 @@ is built from it; any failure raises :class:`HistoryFormatError` with the reason
 
 from __future__ import annotations
 
-import contextlib
 import os
 import struct
-import tempfile
 import zlib
 from collections import deque
 from collections.abc import Sequence
@@ -64,6 +62,7 @@ from promptlookup.drafting.suffix_automaton import (
     SEP,
     SuffixAutomaton,
 )
+from promptlookup.fileio import atomic_write
 
 MAGIC = b"PLSUFHST"
 VERSION = 1
@@ -262,20 +261,3 @@ def _check_structure(lens, toks, st, ed, n_pos, last) -> str | None:
         if ((ed[:, E_TOK] < 0) & (ed[:, E_TOK] != SEP)).any():
             return "a negative transition token"
     return None
-
-
-def atomic_write(path: str | os.PathLike[str], chunks: Sequence[bytes]) -> None:
-    """Write ``chunks`` to a temp file beside ``path``, fsync, then ``os.replace`` it into place."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            for c in chunks:
-                fh.write(c)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise

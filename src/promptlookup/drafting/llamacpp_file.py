@@ -26,9 +26,9 @@ from promptlookup.drafting.ngram_cache import NGRAM_MAX, PAD, NgramCache
 from promptlookup.drafting.static_cache import (
     CacheFormatError,
     StaticCache,
-    atomic_write,
     build_static,
 )
+from promptlookup.fileio import atomic_write
 
 I32_MAX = 2**31 - 1
 

@@ -48,13 +48,14 @@ import contextlib
 import mmap
 import os
 import struct
-import tempfile
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 from numba import njit
+
+from promptlookup.fileio import atomic_write
 
 MAGIC = b"PLSTATIC"
 VERSION = 1
@@ -302,26 +303,6 @@ def _best_followers(key_off, fol_token, fol_count):
 def _check_fingerprint_text(fp: str) -> None:
     if len(fp) != 16 or any(c not in "0123456789abcdef" for c in fp):
         raise ValueError(f"a tokenizer fingerprint is 16 lowercase hex digits, got {fp!r}")
-
-
-def atomic_write(path: str | os.PathLike[str], chunks: Sequence[bytes | memoryview | np.ndarray]) -> None:
-    """Write ``chunks`` to ``path`` via a temporary file in the same directory and ``os.replace``."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; a cache is an ordinary file
-        with os.fdopen(fd, "wb") as fh:
-            for c in chunks:
-                fh.write(c.tobytes() if isinstance(c, np.ndarray) and not c.flags.c_contiguous else c)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 def write_static(path: str | os.PathLike[str], cache: StaticCache) -> int:
