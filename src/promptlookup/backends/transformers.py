@@ -13,12 +13,12 @@ ids cross into Python.
 Padding short verify batches. On this CPU (2 threads, torch 2.13 CPU build, SmolLM2-135M fp32,
 128 tokens of context) the cost of one forward is not monotone in its width: widths whose remainder
 mod 4 is 2 or 3 hit a slow matmul path, most visibly in the 49152 x 576 fp32 output layer
-(that matmul alone: 1 token 10 ms, 2: 21, 3: 32, 4: 16, 5: 16, 6: 23, 7: 33, 8: 17). Measured
-verify costs, best of 11 interleaved repetitions (ms)::
+(that matmul alone: 1 token 10 ms, 2: 21, 3: 32, 4: 16, 5: 16, 6: 23, 7: 33, 8: 17). Verify cost,
+median of 3 interleaved curves x 5 repetitions (``benchmarks/transformers_verify_cost.py``, ms)::
 
     width          1     2     3     4     5     6     7     8     9
-    plain         55    85   106    75    68    75    92    72    79
-    padded        54    74    76    74    67    72    73    72    78   (2,3 -> 4; 6,7 -> 8)
+    plain         57    90   109    79    85   105   123    85    95
+    padded        57    77    79    78    87    85    87    86    95   (2,3 -> 4; 6,7 -> 8)
 
 So a verify of 2-3 tokens is padded to 4 and one of 6-7 to 8: dummy tokens (repeats of the last
 real one) are appended, their outputs ignored and their cache entries cropped at once. Causal
