@@ -14,9 +14,10 @@ l-gram. A query is then a binary search on l, since "the l-gram suffix occurred 
 - only ends strictly before the corpus end are indexed, so the suffix never matches itself.
 
 The table is open addressing keyed by (l, 64-bit hash); an entry is trusted only after its tokens are
-compared with the query's, so a hash collision costs a probe, never a wrong answer. Indexing is lazy:
-a query first indexes the ends added since the last one. Memory: about 2 * max_match slots of 16 bytes
-per context token (16 MiB at 32k tokens with max_match 16).
+compared with the query's, so a hash collision costs a probe, never a wrong answer. A slot is one
+16-byte row (key, length and end), so a probe costs one cache line. Indexing is lazy:
+a query first indexes the ends added since the last one. Memory: at most 2 * max_match slots of 16
+bytes per context token (16 MiB at 32k tokens with max_match 16).
 """
 
 from __future__ import annotations
@@ -38,10 +39,10 @@ def _step(h, tok):
 
 
 @njit(cache=True, inline="always")
-def _slot(h, length, mask):
+def _mix(h, length):
+    """The table key of an l-gram: its hash mixed with its length."""
     x = h ^ (np.uint64(length) * _K1)
-    x ^= x >> np.uint64(29)
-    return np.int64(x & np.uint64(mask))
+    return x ^ (x >> np.uint64(29))
 
 
 @njit(cache=True, inline="always")
@@ -53,61 +54,83 @@ def _same(corpus, a, b, length):
     return True
 
 
+# A slot is one 16-byte row, so a probe touches one cache line: tab[i, 0] the key (``_mix``, as int64),
+# tab[i, 1] = length << 32 | end, or -1 when the slot is empty.
+# ``state`` (int64): [0] entries, [1] scratch, [2] max_match, [3] ends indexed, [3 + l] key of length l.
+_ENTRIES, _SCRATCH, _MAX_MATCH, _INDEXED, _KEYS = 0, 1, 2, 3, 3
+
+
+@njit(cache=True, inline="always")
+def _touch(tab, state, top, mask):
+    """Load the first slot of every level at once: independent loads overlap their cache misses, so
+    the probes that follow (one after another) find their lines in cache."""
+    acc = np.int64(0)
+    for length in range(1, top + 1):
+        acc ^= tab[np.int64(np.uint64(state[_KEYS + length]) & np.uint64(mask)), 1]
+    state[_SCRATCH] = acc  # keeps the loads
+
+
 @njit(cache=True)
-def _insert_ends(corpus, start, stop, max_match, t_hash, t_len, t_end, meta):
-    """Index ends ``start .. stop-1``. ``meta[0]`` counts entries."""
-    mask = t_end.shape[0] - 1
+def _insert_ends(corpus, start, stop, tab, state):
+    """Index ends ``start .. stop-1``."""
+    mask = tab.shape[0] - 1
+    max_match = state[_MAX_MATCH]
     for e in range(start, stop):
         h = np.uint64(0)
-        fresh = False  # once an l-gram is new, every longer one ending at e is new too
         top = min(max_match, e + 1)
         for length in range(1, top + 1):
             h = _step(h, corpus[e - length + 1])
-            i = _slot(h, length, mask)
+            state[_KEYS + length] = np.int64(_mix(h, length))
+        _touch(tab, state, top, mask)
+        fresh = False  # once an l-gram is new, every longer one ending at e is new too
+        for length in range(1, top + 1):
+            ikey = state[_KEYS + length]
+            i = np.int64(np.uint64(ikey) & np.uint64(mask))
+            val = (np.int64(length) << 32) | e
             while True:
-                s_end = t_end[i]
-                if s_end < 0:
-                    t_hash[i] = h
-                    t_len[i] = length
-                    t_end[i] = e
-                    meta[0] += 1
+                v = tab[i, 1]
+                if v < 0:
+                    tab[i, 0] = ikey
+                    tab[i, 1] = val
+                    state[_ENTRIES] += 1
                     fresh = True
                     break
-                if (not fresh and t_len[i] == length and t_hash[i] == h
-                        and _same(corpus, s_end, e, length)):
-                    t_end[i] = e
+                if (not fresh and tab[i, 0] == ikey and (v >> 32) == length
+                        and _same(corpus, v & 0xFFFFFFFF, e, length)):
+                    tab[i, 1] = val
                     break
                 i = (i + 1) & mask
 
 
 @njit(cache=True)
-def _lookup(corpus, last, length, h, t_hash, t_len, t_end):
-    """Most recent indexed end of the ``length``-gram ending at ``last`` (hash ``h``), or -1."""
-    mask = t_end.shape[0] - 1
-    i = _slot(h, length, mask)
+def _lookup(corpus, last, length, ikey, tab):
+    """Most recent indexed end of the ``length``-gram ending at ``last`` (table key ``ikey``), or -1."""
+    mask = tab.shape[0] - 1
+    i = np.int64(np.uint64(ikey) & np.uint64(mask))
     while True:
-        s_end = t_end[i]
-        if s_end < 0:
+        v = tab[i, 1]
+        if v < 0:
             return -1
-        if t_len[i] == length and t_hash[i] == h and _same(corpus, s_end, last, length):
-            return s_end
+        if tab[i, 0] == ikey and (v >> 32) == length and _same(corpus, v & 0xFFFFFFFF, last, length):
+            return v & 0xFFFFFFFF
         i = (i + 1) & mask
 
 
 @njit(cache=True)
-def _query(corpus, n, max_match, t_hash, t_len, t_end, hashes):
+def _query(corpus, n, tab, state):
     """(match_end, match_len) for ``corpus[:n]`` with ends ``0..n-2`` indexed; (-1, 0) when none."""
     last = n - 1
-    top = min(max_match, n - 1)
+    top = min(state[_MAX_MATCH], n - 1)
     h = np.uint64(0)
     for length in range(1, top + 1):
         h = _step(h, corpus[last - length + 1])
-        hashes[length] = h
-    lo, lo_end = 0, -1  # the longest length known to occur, and where
+        state[_KEYS + length] = np.int64(_mix(h, length))
+    _touch(tab, state, top, tab.shape[0] - 1)
+    lo, lo_end = 0, np.int64(-1)  # the longest length known to occur, and where
     hi = top  # lengths above hi are known not to occur
     while lo < hi:
         mid = (lo + hi + 1) >> 1
-        e = _lookup(corpus, last, mid, hashes[mid], t_hash, t_len, t_end)
+        e = _lookup(corpus, last, mid, state[_KEYS + mid], tab)
         if e >= 0:
             lo, lo_end = mid, e
         else:
@@ -116,25 +139,25 @@ def _query(corpus, n, max_match, t_hash, t_len, t_end, hashes):
 
 
 @njit(cache=True)
-def _index_and_query(corpus, n, indexed, max_match, t_hash, t_len, t_end, meta, hashes):
-    """Index ends ``indexed .. n-2``, then answer the query for ``corpus[:n]``: one compiled call."""
-    if n - 1 > indexed:
-        _insert_ends(corpus, indexed, n - 1, max_match, t_hash, t_len, t_end, meta)
-    return _query(corpus, n, max_match, t_hash, t_len, t_end, hashes)
+def _index_and_query(corpus, n, tab, state):
+    """Index the ends up to ``n-2`` not yet in the table, then answer for ``corpus[:n]``: one call."""
+    if n - 1 > state[_INDEXED]:
+        _insert_ends(corpus, state[_INDEXED], n - 1, tab, state)
+        state[_INDEXED] = n - 1
+    return _query(corpus, n, tab, state)
 
 
 @njit(cache=True)
-def _rehash(t_hash, t_len, t_end, o_hash, o_len, o_end):
-    mask = t_end.shape[0] - 1
-    for j in range(o_end.shape[0]):
-        if o_end[j] < 0:
+def _rehash(tab, old):
+    mask = tab.shape[0] - 1
+    for j in range(old.shape[0]):
+        if old[j, 1] < 0:
             continue
-        i = _slot(o_hash[j], o_len[j], mask)
-        while t_end[i] >= 0:
+        i = np.int64(np.uint64(old[j, 0]) & np.uint64(mask))
+        while tab[i, 1] >= 0:
             i = (i + 1) & mask
-        t_hash[i] = o_hash[j]
-        t_len[i] = o_len[j]
-        t_end[i] = o_end[j]
+        tab[i, 0] = old[j, 0]
+        tab[i, 1] = old[j, 1]
 
 
 class SuffixIndex:
@@ -147,30 +170,27 @@ class SuffixIndex:
         cap = 16
         while cap < capacity:
             cap *= 2
-        self._alloc(cap)
-        self._meta = np.zeros(1, dtype=np.int64)
+        self._tab = np.full((cap, 2), -1, dtype=np.int64)
+        self._state = np.zeros(_KEYS + max_match + 1, dtype=np.int64)
+        self._state[_MAX_MATCH] = max_match
+        # Python mirrors, so the per-call capacity check reads no array
         self._indexed = 0  # ends 0 .. _indexed-1 are in the table
-        self._hashes = np.zeros(max_match + 1, dtype=np.uint64)
-
-    def _alloc(self, cap: int) -> None:
-        self._hash = np.zeros(cap, dtype=np.uint64)
-        self._len = np.zeros(cap, dtype=np.int8)
-        self._end = np.full(cap, -1, dtype=np.int32)
+        self._bound = 0  # entries, at most
+        self._half = cap // 2
 
     def reset(self) -> None:
-        self._end[:] = -1
-        self._meta[0] = 0
-        self._indexed = 0
+        self._tab[:, 1] = -1
+        self._state[_ENTRIES] = self._state[_INDEXED] = 0
+        self._indexed = self._bound = 0
 
-    def _room(self, n: int) -> None:
-        need = int(self._meta[0]) + self.max_match * (n - 1 - self._indexed)
-        if 2 * need > len(self._end):
-            cap = len(self._end)
-            while cap < 2 * need:
-                cap *= 2
-            old = (self._hash, self._len, self._end)
-            self._alloc(cap)
-            _rehash(self._hash, self._len, self._end, *old)
+    def _grow(self, need: int) -> None:
+        cap = len(self._tab)
+        while cap < 2 * need:
+            cap *= 2
+        old = self._tab
+        self._tab = np.full((cap, 2), -1, dtype=np.int64)
+        _rehash(self._tab, old)
+        self._half = cap // 2
 
     def match(self, corpus: np.ndarray, n: int) -> tuple[int, int]:
         """``(match_end, match_len)`` of ``corpus[:n]``, as :func:`suffix_match_reference` defines it.
@@ -179,9 +199,11 @@ class SuffixIndex:
         """
         if n < 2:
             return -1, 0
-        indexed = self._indexed
-        if n - 1 > indexed:
-            self._room(n)
+        if n - 1 > self._indexed:
+            self._bound += self.max_match * (n - 1 - self._indexed)
+            if self._bound > self._half:  # keep the table at most half full
+                self._bound = int(self._state[_ENTRIES]) + self.max_match * (n - 1 - self._indexed)
+                if self._bound > self._half:
+                    self._grow(self._bound)
             self._indexed = n - 1
-        return _index_and_query(corpus, n, indexed, self.max_match, self._hash, self._len, self._end,
-                                self._meta, self._hashes)
+        return _index_and_query(corpus, n, self._tab, self._state)
