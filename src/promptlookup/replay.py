@@ -129,8 +129,10 @@ def replay(tokens: Sequence[int], n_ctx: int, n_draft: int,
     return st
 
 
-def read_text_tokens(path: str, tokenizer) -> list[int]:
-    """The replay text, read as is, tokenized as llama.cpp's lookup-stats does (special tokens on)."""
+def read_text_tokens(path: str, tokenizer, as_list: bool = True):
+    """The replay text, read as is, tokenized as llama.cpp's lookup-stats does (special tokens on).
+
+    A list of ints, or with ``as_list=False`` the int32 array (a tenth of the memory)."""
     from pathlib import Path
 
     p = Path(path)
@@ -139,7 +141,8 @@ def read_text_tokens(path: str, tokenizer) -> list[int]:
     data = p.read_bytes()
     if not data.strip():
         raise ValueError(f"text file is empty: {p}")
-    return [int(t) for t in tokenizer.tokenize(data, add_special=True, parse_special=True)]
+    ids = tokenizer.tokenize(data, add_special=True, parse_special=True)
+    return [int(t) for t in ids] if as_list else ids
 
 
 def run_stats(text: str, model_path: str, n_ctx: int, n_draft: int, source: str = "lookup",
@@ -154,7 +157,7 @@ def run_stats(text: str, model_path: str, n_ctx: int, n_draft: int, source: str 
     from promptlookup.corpus import VocabTokenizer
 
     tok = VocabTokenizer(model_path)
-    tokens = read_text_tokens(text, tok)
+    tokens = read_text_tokens(text, tok, as_list=source != "lookup" or reference)
     if source == "ngram":
         if static_path or dynamic_path:
             raise ValueError("--lookup-cache-static/--lookup-cache-dynamic only apply to --source lookup")

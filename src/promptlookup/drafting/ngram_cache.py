@@ -9,11 +9,12 @@ the n tokens before i gain one sighting of token ``i`` as their follower.
 Why two classes: :class:`DictNgramCache` is the plain statement (dicts of dicts) the tests trust;
 :class:`NgramCache` is the one the draft loop uses, a numba open-addressing table over numpy arrays
 (n-gram ids by hash, followers as a per-n-gram linked list of entries) so that updating and drafting
-never touch a Python object per token. Counts are 64-bit (llama.cpp: 32-bit). Each n-gram also keeps
-its largest follower count, so the draft rule can reject an n-gram whose best follower cannot reach the
-threshold (``100 * max <= p * total``) without walking its followers: on a big dynamic cache a
-1-gram like a newline has thousands, and this check skips nearly all of them, exactly. Follower order inside
-an n-gram is irrelevant to the draft rule, which breaks ties by token id (see ``lookup``).
+never touch a Python object per token. Counts are 64-bit (llama.cpp: 32-bit); indices are 32-bit (2**31
+n-grams is far beyond any cache held in memory), which keeps a replay's dynamic cache small. Each n-gram
+also keeps its largest follower count, so the draft rule can reject an n-gram whose best follower cannot
+reach the threshold (``100 * max <= p * total``) without walking its followers: on a big dynamic cache a
+1-gram like a newline has thousands, and this check skips nearly all of them, exactly. Follower order
+inside an n-gram is irrelevant to the draft rule, which breaks ties by token id (see ``lookup``).
 """
 
 from __future__ import annotations
@@ -215,14 +216,14 @@ class NgramCache:
         cap = 16
         while cap < 2 * capacity:
             cap *= 2
-        self._slots = np.full(cap, -1, dtype=np.int64)
+        self._slots = np.full(cap, -1, dtype=np.int32)
         self._keys = np.full((capacity, 4), PAD, dtype=np.int32)
-        self._head = np.full(capacity, -1, dtype=np.int64)
+        self._head = np.full(capacity, -1, dtype=np.int32)
         self._total = np.zeros(capacity, dtype=np.int64)
         self._maxc = np.zeros(capacity, dtype=np.int64)  # largest follower count: prunes the draft scan
         self._e_tok = np.zeros(capacity, dtype=np.int32)
         self._e_cnt = np.zeros(capacity, dtype=np.int64)
-        self._e_next = np.full(capacity, -1, dtype=np.int64)
+        self._e_next = np.full(capacity, -1, dtype=np.int32)
         self._meta = np.zeros(2, dtype=np.int64)  # [n-grams, follower entries]
 
     # -- capacity ---------------------------------------------------------------------------
@@ -238,7 +239,7 @@ class NgramCache:
             cap = len(self._slots)
             while cap < 2 * need_n:
                 cap *= 2
-            self._slots = np.full(cap, -1, dtype=np.int64)
+            self._slots = np.full(cap, -1, dtype=np.int32)
             _rehash(self._slots, self._keys, int(self._meta[0]))
         need_e = int(self._meta[1]) + more_entries
         if need_e > len(self._e_tok):
