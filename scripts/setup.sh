@@ -9,6 +9,7 @@ cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 LLAMA_CPP_PYTHON_VERSION=0.3.36
+TORCH_VERSION=2.13.0
 cpu_key=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | sha256sum | cut -c1-12 || echo generic)
 WHEELHOUSE=${PROMPTLOOKUP_WHEELHOUSE:-$HOME/.cache/promptlookup/wheelhouse}/$cpu_key
 mkdir -p "$WHEELHOUSE"
@@ -25,6 +26,11 @@ if ! ls "$WHEELHOUSE"/llama_cpp_python-"$LLAMA_CPP_PYTHON_VERSION"-*.whl >/dev/n
         --disable-pip-version-check -w "$WHEELHOUSE" "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION"
 fi
 
-echo "setup: installing promptlookup (editable) with test extras" >&2
+# The transformers backend's tests check exactness on the real model, so CI installs it too. torch
+# goes first and pinned: its CPU build is on local disk, an unpinned torch would pull a CUDA build.
+echo "setup: installing torch $TORCH_VERSION (CPU build)" >&2
+.venv/bin/python -m pip install --quiet --disable-pip-version-check "torch==$TORCH_VERSION"
+
+echo "setup: installing promptlookup (editable) with the test and transformers extras" >&2
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --find-links "$WHEELHOUSE" \
-    "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" -e ".[test]"
+    "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" "torch==$TORCH_VERSION" -e ".[test,transformers]"
