@@ -51,8 +51,30 @@ def test_short_real_bench(real_backend):
     from promptlookup.bench import run_bench
 
     prompt = real_backend.tokenize("one two three four one two three four one two three")
-    runs, oracles = run_bench(real_backend, {"loop": prompt},
+    runs, oracles = run_bench(real_backend, {"loop": [prompt]},
                               [parse_cell("off"), parse_cell("ngram"), parse_cell("auto")], 2, 12)
     assert [r.cell.name for r in runs] == ["off", "ngram", "auto", "auto", "ngram", "off"]
     assert runs[-1].identical  # plain decoding is deterministic
     assert oracles["loop"] >= 1.0
+
+
+def test_split_requests():
+    from promptlookup.bench import split_requests
+
+    assert split_requests("one\n") == ["one"]
+    assert split_requests("one\n=== next request ===\ntwo\nlines\n") == ["one", "two\nlines"]
+    assert split_requests("\n=== next request ===\n") == []
+
+
+@requires_model
+@pytest.mark.model
+def test_two_request_session_learns_across_requests(real_backend):
+    from promptlookup.bench import run_bench
+
+    first = real_backend.tokenize("alpha beta gamma delta epsilon zeta eta theta")
+    second = real_backend.tokenize("Say it again:")
+    runs, oracles = run_bench(real_backend, {"s": [first, second]}, [parse_cell("off"), parse_cell("suffix")],
+                              1, 10)
+    assert [r.cell.name for r in runs] == ["off", "suffix"]
+    assert runs[0].counters.prompt_tokens == len(second)  # the last request's counters
+    assert oracles["s"] >= 1.0

@@ -78,7 +78,7 @@ def test_bench_runs_peer_cells_in_the_same_table(real_backend):
 
     prompt = real_backend.tokenize(COPY)
     cells = [parse_cell("off"), parse_cell("peer-llamacpp:pred=0"), parse_cell("peer-llamacpp:pred=2")]
-    runs, _ = run_bench(real_backend, {"copy": prompt}, cells, 1, 12)
+    runs, _ = run_bench(real_backend, {"copy": [prompt]}, cells, 1, 12)
     assert [r.cell.label for r in runs] == ["off", "peer-llamacpp:pred=0", "peer-llamacpp:pred=2"]
     assert runs[1].identical is True  # compared with our plain run: same engine
     assert isinstance(runs[2].identical, bool)

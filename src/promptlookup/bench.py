@@ -107,10 +107,9 @@ def make_source(cell: Cell, backend) -> tuple[DraftSource | None, int]:
                                 cell.int_option("max", DEFAULT_MAX_MATCH))
         return src, cell.int_option("draft", 3)
     from promptlookup.drafting.lookup import make_lookup_source
-    from promptlookup.drafting.suffix_source import make_suffix_source
 
     if cell.name == "suffix":
-        return make_suffix_source(None, backend.n_vocab, backend.fingerprint), cell.int_option("draft", 3)
+        return _suffix_with_history(backend), cell.int_option("draft", 3)
 
     if cell.name == "lookup":
         return (make_lookup_source(cell.get("static"), cell.get("dynamic"), backend.n_vocab,
@@ -122,29 +121,59 @@ def make_source(cell: Cell, backend) -> tuple[DraftSource | None, int]:
     curve = CostCurve.load(cell.get("curve")) if cell.get("curve") else cached_cost_curve(backend)
     sources = auto_sources(make_lookup_source(cell.get("static"), None, backend.n_vocab,
                                               backend.fingerprint),
-                           make_suffix_source(None, backend.n_vocab, backend.fingerprint))
+                           _suffix_with_history(backend))
     return AutoDrafter(sources, curve.relative(MAX_DRAFT + 1), max_draft=MAX_DRAFT), MAX_DRAFT
 
 
-def oracle_speedup(backend, prompt: Sequence[int], output: Sequence[int]) -> float:
-    """The hindsight oracle's speedup on this output, from auto's sources and the backend's curve:
-    the ceiling any controller could reach on this run (simulated, see promptlookup.simulate)."""
+def _suffix_with_history(backend) -> DraftSource:
+    """``--suffix`` with an in-memory history, so a multi-request workload's later requests draft
+    from the earlier ones (as a --suffix-history file would across processes)."""
+    from promptlookup.drafting.history import History
+    from promptlookup.drafting.suffix_source import SuffixSource
+
+    return SuffixSource(history=History(), n_vocab=backend.n_vocab)
+
+
+REQUEST_SEPARATOR = "=== next request ==="
+
+
+def split_requests(text: str) -> list[str]:
+    """A workload file holds one request, or several separated by a line of REQUEST_SEPARATOR: a
+    session whose later requests can draft from earlier ones (the dynamic cache's and the suffix
+    history's case). Each request is sent fresh; earlier answers are not in its prompt."""
+    parts = [p.strip("\n") for p in text.split(f"\n{REQUEST_SEPARATOR}\n")]
+    return [p for p in parts if p.strip()]
+
+
+def oracle_speedup(backend, requests: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]]) -> float:
+    """The hindsight oracle's speedup on the last request's output, from auto's sources (having
+    seen the earlier requests) and the backend's curve: the ceiling any controller could reach on
+    this run (simulated, see promptlookup.simulate)."""
     from promptlookup.costs import cached_cost_curve
     from promptlookup.drafting.controller import auto_sources
     from promptlookup.drafting.lookup import make_lookup_source
-    from promptlookup.drafting.suffix_source import make_suffix_source
     from promptlookup.simulate import oracle
     from promptlookup.speculate import MAX_DRAFT
 
     sources = auto_sources(make_lookup_source(None, None, backend.n_vocab, backend.fingerprint),
-                           make_suffix_source(None, backend.n_vocab, backend.fingerprint))
-    return oracle(prompt, output, sources, MAX_DRAFT, cached_cost_curve(backend)).speedup
+                           _suffix_with_history(backend))
+    for prompt, out in zip(requests[:-1], outputs[:-1], strict=True):
+        for src in sources:
+            src.reset([*prompt, *out])
+            if hasattr(src, "commit"):
+                src.commit()
+    return oracle(requests[-1], outputs[-1], sources, MAX_DRAFT, cached_cost_curve(backend)).speedup
 
 
-def run_bench(backend, workloads: dict[str, list[int]], cells: Sequence[Cell], repeat: int, n_predict: int,
-              progress: Callable[[str], None] | None = None) -> tuple[list[CellRun], dict[str, float]]:
+def run_bench(backend, workloads: dict[str, list[list[int]]], cells: Sequence[Cell], repeat: int,
+              n_predict: int, progress: Callable[[str], None] | None = None
+              ) -> tuple[list[CellRun], dict[str, float]]:
     """Run every (workload, cell) ``repeat`` times, alternating cells within each round; also return
-    each workload's oracle speedup on its first plain output."""
+    each workload's oracle speedup on its first plain output.
+
+    A workload is a list of requests run in order on one source (committed between requests);
+    the reported counters and tokens are the last request's.
+    """
     from promptlookup.speculate import generate
 
     runs: list[CellRun] = []
@@ -152,8 +181,8 @@ def run_bench(backend, workloads: dict[str, list[int]], cells: Sequence[Cell], r
     engines: dict[str, Any] = {}  # peers' own loaded models, kept across cells
     total = len(workloads) * len(cells) * repeat
     done = 0
-    for wname, prompt in workloads.items():
-        reference: list[int] | None = None
+    for wname, requests in workloads.items():
+        reference: list[list[int]] | None = None
         peer_refs: dict[str, list[int]] = {}
         for r in range(repeat):
             order = list(cells) if r % 2 == 0 else list(reversed(cells))
@@ -162,23 +191,29 @@ def run_bench(backend, workloads: dict[str, list[int]], cells: Sequence[Cell], r
                 if progress:
                     progress(f"[{done}/{total}] {wname} {cell.label} (round {r + 1})")
                 if cell.name in PEERS:
-                    runs.append(_peer_run(cell, backend, wname, prompt, n_predict, r + 1, reference,
-                                          peer_refs, engines))
+                    runs.append(_peer_run(cell, backend, wname, requests[-1], n_predict, r + 1,
+                                          reference[-1] if reference else None, peer_refs, engines))
                     continue
                 source, draft = make_source(cell, backend)
+                outputs = []
                 t0 = time.perf_counter()
-                gen = generate(backend, prompt, n_predict, source=source, draft=draft)
+                for i, prompt in enumerate(requests):
+                    gen = generate(backend, prompt, n_predict, source=source, draft=draft)
+                    outputs.append(gen.tokens)
+                    if i < len(requests) - 1 and hasattr(source, "commit"):
+                        source.commit()
                 wall = time.perf_counter() - t0
                 if cell.name == "off" and reference is None:
-                    reference = gen.tokens
+                    reference = outputs
                 extra = {}
                 cal = getattr(source, "calibration", None)
                 if cal is not None:
                     extra = {"calibration": round(cal.ratio, 3), "auto_steps": cal.chosen_steps}
-                runs.append(CellRun(wname, cell, r + 1, gen.counters, gen.tokens == reference
-                                    if reference is not None else True, wall, extra))
+                runs.append(CellRun(wname, cell, r + 1, gen.counters,
+                                    outputs[-1] == reference[-1] if reference is not None else True,
+                                    wall, extra))
         if reference is not None:
-            oracles[wname] = oracle_speedup(backend, prompt, reference)
+            oracles[wname] = oracle_speedup(backend, requests, reference)
     return runs, oracles
 
 

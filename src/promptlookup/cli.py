@@ -502,13 +502,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     backend = _load_backend(args)
     workloads = {}
     for f in files:
-        text = f.read_text(encoding="utf-8")
-        ids = (backend.tokenize(text) if args.no_chat
-               else backend.tokenize(backend.chat_prompt(text), parse_special=True))
-        if len(ids) + args.n_predict > backend.n_ctx:
-            raise UsageError(f"workload {f.name}: {len(ids)} prompt tokens + -n {args.n_predict} "
-                             f"exceed the context ({backend.n_ctx}); raise -c")
-        workloads[f.stem] = ids
+        requests = []
+        for text in bench.split_requests(f.read_text(encoding="utf-8")):
+            ids = (backend.tokenize(text) if args.no_chat
+                   else backend.tokenize(backend.chat_prompt(text), parse_special=True))
+            if len(ids) + args.n_predict > backend.n_ctx:
+                raise UsageError(f"workload {f.name}: {len(ids)} prompt tokens + -n {args.n_predict} "
+                                 f"exceed the context ({backend.n_ctx}); raise -c")
+            requests.append(ids)
+        if not requests:
+            raise UsageError(f"workload {f.name} is empty")
+        workloads[f.stem] = requests
     runs, oracles = bench.run_bench(backend, workloads, cells, args.repeat, args.n_predict,
                                     progress=bench.stderr_progress)
     md = bench.table(runs) + "\n\n" + bench.summary(runs, oracles) + "\n"
