@@ -104,7 +104,7 @@ def write_stream(files: list[Path], out: Path, limit: int | None) -> tuple[int, 
     return n, h.hexdigest()
 
 
-def make_corpora(work: Path, sizes: list[int | str]) -> dict:
+def make_corpora(work: Path, sizes: list[int | str], save: bool = True) -> dict:
     log("listing .py files")
     corpus, held = py_files()
     total = sum(p.stat().st_size for p in corpus)
@@ -120,7 +120,8 @@ def make_corpora(work: Path, sizes: list[int | str]) -> dict:
         n, sha = write_stream(corpus, path, limit)
         info["corpora"][str(s)] = {"path": str(path), "bytes": n, "sha256": sha}
         log(f"corpus {s}: {n / 1e6:.1f} MB sha256 {sha[:16]}")
-    (work / "corpora.json").write_text(json.dumps(info, indent=1))
+    if save:
+        (work / "corpora.json").write_text(json.dumps(info, indent=1))
     return info
 
 
@@ -373,7 +374,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=str(bundled_model_path()), help="GGUF whose tokenizer both tools use")
     ap.add_argument("--threads", type=int, default=2, help="our create's worker processes")
     ap.add_argument("--lock", default="/tmp/pl-bench.lock", help="lock shared by every benchmark here")
+    ap.add_argument("--ngram-only", action="store_true", help="only the --ngram per-call figure")
     args = ap.parse_args(argv)
+    if args.ngram_only:
+        args.out.mkdir(parents=True, exist_ok=True)
+        info = make_corpora(args.out, [], save=False)
+        print(json.dumps(ngram_per_call(args.model, info["replay"]["path"], args.lock)))
+        return 0
     for tool in ("llama-lookup-create", "llama-lookup-stats"):
         if not (args.llama_bin / tool).is_file():
             sys.exit(f"{args.llama_bin / tool} is missing: build llama.cpp's lookup tools first (README)")
