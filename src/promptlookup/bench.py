@@ -33,7 +33,7 @@ CELL_KEYS = {
     "ngram": {"draft", "min", "max"},
     "lookup": {"draft", "static", "dynamic"},
     "suffix": {"draft"},
-    "auto": {"static", "curve"},
+    "auto": {"static", "curve", "margin", "sources"},
     "peer-llamacpp": {"pred"},
     "peer-hf": {"pld"},
 }
@@ -119,10 +119,13 @@ def make_source(cell: Cell, backend) -> tuple[DraftSource | None, int]:
     from promptlookup.drafting.controller import AutoDrafter, auto_sources
 
     curve = CostCurve.load(cell.get("curve")) if cell.get("curve") else cached_cost_curve(backend)
-    sources = auto_sources(make_lookup_source(cell.get("static"), None, backend.n_vocab,
-                                              backend.fingerprint),
-                           _suffix_with_history(backend))
-    return AutoDrafter(sources, curve.relative(MAX_DRAFT + 1), max_draft=MAX_DRAFT), MAX_DRAFT
+    extra = {"lookup": lambda: make_lookup_source(cell.get("static"), None, backend.n_vocab,
+                                                  backend.fingerprint),
+             "suffix": lambda: _suffix_with_history(backend)}
+    names = cell.get("sources", "ngram+lookup+suffix").split("+")
+    sources = auto_sources(*(extra[n]() for n in names if n in extra))
+    return (AutoDrafter(sources, curve.relative(MAX_DRAFT + 1), max_draft=MAX_DRAFT,
+                        margin=float(cell.get("margin", 0.0))), MAX_DRAFT)
 
 
 def _suffix_with_history(backend) -> DraftSource:

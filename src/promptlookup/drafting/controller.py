@@ -144,7 +144,7 @@ class AutoDrafter:
     name = "auto"
 
     def __init__(self, sources: Sequence[DraftSource], rel_cost: Sequence[float], max_draft: int = 8,
-                 model: AcceptanceModel | None = None) -> None:
+                 model: AcceptanceModel | None = None, margin: float = 0.0) -> None:
         if not sources:
             raise ValueError("auto speculation needs at least one draft source")
         if len(rel_cost) < 2 or rel_cost[0] <= 0:
@@ -152,6 +152,7 @@ class AutoDrafter:
         self.sources = list(sources)
         self.rel_cost = [c / rel_cost[0] for c in rel_cost]
         self.max_draft = max_draft
+        self.margin = margin
         self.model = model or AcceptanceModel()
         self.calibration = Calibration()
         self._stream: list[int] = []
@@ -204,7 +205,7 @@ class AutoDrafter:
         start = len(self._stream)
         self.calibration.steps += 1
         best: Draft | None = None
-        best_k, best_rate = 0, 1.0 / self.rel_cost[0]
+        best_k, best_rate = 0, (1.0 + self.margin) / self.rel_cost[0]
         best_pred = 0.0
         depth = min(k, self.max_draft)
         for source in self.sources:
