@@ -6,14 +6,14 @@ median of ``--runs`` runs. Real text every machine has: the ``.py`` files of thi
 (standard library, then site-packages, sorted paths, deduplicated by content), with one package held
 out as the replay text. Corpora of each size are prefixes of that stream cut at a file boundary.
 
-    .venv/bin/python benchmarks/lookup_perf.py            # everything, ~40 min on 2 cores
+    .venv/bin/python benchmarks/lookup_perf.py     # sizes 0..200 MB and all .py (max), ~45 min on 2 cores
     .venv/bin/python benchmarks/lookup_perf.py --sizes 0 25 --runs 1   # a quick look
 
 llama.cpp's tools come from the llama.cpp vendored in the installed llama-cpp-python's source package,
-built once into ``~/.cache/promptlookup/llamacpp`` (see ``--llama-bin``). Both tools read text as is
-(llama.cpp with ``--no-escape``). Per size and draft length: create time and peak RSS, cache bytes,
-load time, drafting microseconds per drafted token (llama.cpp's own ``t_draft / n_drafted``; ours:
-replay drafting time including cache updates / n_drafted), replay peak RSS, n_drafted, n_accept.
+built once (on the first run, ~11 min on 2 cores) into ``~/.cache/promptlookup/llamacpp``. Both tools
+read text as is (llama.cpp with ``--no-escape``). Per size and draft length: create time and peak RSS,
+cache bytes, load time, drafting microseconds per drafted token (llama.cpp's own ``t_draft / n_drafted``;
+ours: replay drafting time including cache updates / n_drafted), replay peak RSS, n_drafted, n_accept.
 Output: one markdown table (ours | llama.cpp | ratio) on stdout and in ``OUT/lookup_perf.md``, every
 run in ``OUT/lookup_perf.csv``, corpus checksums in ``OUT/corpora.json``.
 """
@@ -123,6 +123,34 @@ def make_corpora(work: Path, sizes: list[int | str], save: bool = True) -> dict:
     if save:
         (work / "corpora.json").write_text(json.dumps(info, indent=1))
     return info
+
+
+# -- llama.cpp's tools -------------------------------------------------------------------------
+def ensure_llama_tools(bin_dir: Path) -> None:
+    """Build llama-lookup-create/-stats/-merge once from the llama.cpp vendored in the installed
+    llama-cpp-python's source package (pip download of the sdist, cmake; ~11 min on 2 cores)."""
+    tools = ("llama-lookup-create", "llama-lookup-stats", "llama-lookup-merge")
+    if all((bin_dir / t).is_file() for t in tools):
+        return
+    from importlib.metadata import version
+
+    ver = version("llama_cpp_python")
+    root = Path.home() / ".cache/promptlookup/llamacpp"
+    src = root / f"llama_cpp_python-{ver}" / "vendor" / "llama.cpp"
+    if bin_dir != src / "build" / "bin":
+        sys.exit(f"{bin_dir} lacks llama.cpp's lookup tools (the default --llama-bin builds them)")
+    root.mkdir(parents=True, exist_ok=True)
+    if not src.is_dir():
+        log(f"downloading the llama-cpp-python {ver} source package")
+        subprocess.run([PY, "-m", "pip", "download", f"llama-cpp-python=={ver}", "--no-binary", ":all:",
+                        "--no-deps", "-d", str(root)], check=True)
+        subprocess.run(["tar", "xzf", str(root / f"llama_cpp_python-{ver}.tar.gz"), "-C", str(root)],
+                       check=True)
+    log("building llama.cpp's lookup tools (about 11 minutes on 2 cores)")
+    subprocess.run(["cmake", "-S", str(src), "-B", str(src / "build"), "-DCMAKE_BUILD_TYPE=Release",
+                    "-DLLAMA_CURL=OFF"], check=True)
+    subprocess.run(["cmake", "--build", str(src / "build"), "-j", str(os.cpu_count() or 2), "--target",
+                    *tools], check=True)
 
 
 # -- measuring ----------------------------------------------------------------------------------
@@ -381,9 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         info = make_corpora(args.out, [], save=False)
         print(json.dumps(ngram_per_call(args.model, info["replay"]["path"], args.lock)))
         return 0
-    for tool in ("llama-lookup-create", "llama-lookup-stats"):
-        if not (args.llama_bin / tool).is_file():
-            sys.exit(f"{args.llama_bin / tool} is missing: build llama.cpp's lookup tools first (README)")
+    ensure_llama_tools(args.llama_bin)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "lookup_perf_runs.csv").unlink(missing_ok=True)
     info = make_corpora(args.out, args.sizes)
