@@ -419,13 +419,10 @@ def _narrow(tok, sa, lo, hi, length, t):
 
 
 @njit(cache=True)
-def _search(tok, sa, buckets, ctx, n_ctx, upper, state):
-    """Longest ``L <= upper`` with ``ctx[n_ctx-L:n_ctx]`` followed by a token in the corpus, by
-    binary search on ``L`` (the property is monotone); writes ``(lo, hi, L)`` to ``state``."""
-    best_lo = 0
-    best_hi = 0
-    good = 0
-    bad = upper + 1
+def _bisect(tok, sa, buckets, ctx, n_ctx, good, bad, best_lo, best_hi, state):
+    """Binary search on ``L`` in ``(good, bad)`` for the longest suffix of the context followed by a
+    token in the corpus (the property is monotone); ``good`` holds, with interval ``[best_lo,
+    best_hi)``, ``bad`` does not. Writes ``(lo, hi, L)`` to ``state``; -1 on a corrupt index."""
     while bad - good > 1:
         mid = (good + bad) >> 1
         lo, hi = _interval(tok, sa, buckets, ctx, n_ctx - mid, n_ctx)
@@ -447,6 +444,12 @@ def _search(tok, sa, buckets, ctx, n_ctx, upper, state):
 
 
 @njit(cache=True)
+def _search(tok, sa, buckets, ctx, n_ctx, upper, state):
+    """Longest ``L <= upper`` with ``ctx[n_ctx-L:n_ctx]`` followed by a token in the corpus."""
+    return _bisect(tok, sa, buckets, ctx, n_ctx, 0, upper + 1, 0, 0, state)
+
+
+@njit(cache=True)
 def _search_from(tok, sa, buckets, ctx, n_ctx, lower, upper, state):
     """Like :func:`_search`, but only lengths ``>= lower`` matter: one probe at ``lower`` settles
     the usual case (the corpus's match is too short to decide), so ``L = 0`` stands for "< lower"."""
@@ -463,28 +466,7 @@ def _search_from(tok, sa, buckets, ctx, n_ctx, lower, upper, state):
         return -1
     if f == 0:
         return 0
-    best_lo = lo
-    best_hi = hi
-    good = lower
-    bad = upper + 1
-    while bad - good > 1:
-        mid = (good + bad) >> 1
-        lo, hi = _interval(tok, sa, buckets, ctx, n_ctx - mid, n_ctx)
-        if lo < 0:
-            return -1
-        f = _n_followed(tok, sa, lo, hi, mid)
-        if f < 0:
-            return -1
-        if f > 0:
-            good = mid
-            best_lo = lo
-            best_hi = hi
-        else:
-            bad = mid
-    state[0] = best_lo
-    state[1] = best_hi
-    state[2] = good
-    return 0
+    return _bisect(tok, sa, buckets, ctx, n_ctx, lower, upper + 1, lo, hi, state)
 
 
 @njit(cache=True)
