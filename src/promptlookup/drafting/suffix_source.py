@@ -269,6 +269,17 @@ def _catch_up(lst, led, lhk, lhv, lmeta, buf, n, gst, ged, ghk, ghv):
     return 0
 
 
+@njit(cache=True, inline="always")
+def _clear_touched(scratch, nt, score, llast, glast):
+    """Reset the scratch rows of the ``nt`` candidate tokens this step touched, for the next step."""
+    for j in range(nt):
+        t = np.int64(scratch[R_TOUCHED, j])
+        score[t] = 0.0
+        scratch[R_SEEN, t] = 0.0
+        llast[t] = -1
+        glast[t] = -1
+
+
 @njit(cache=True)
 def _draft(lst, led, lhk, lhv, lmeta, buf, n, k, gst, ged, ghk, ghv, ctok, csa, cbk, io, scratch):
     """Catch up, then draft up to ``k`` tokens into ``io[IO_OUT:]`` (and ``buf[n:]``, the draft's
@@ -340,12 +351,7 @@ def _draft(lst, led, lhk, lhv, lmeta, buf, n, k, gst, ged, ghk, ghv, ctok, csa, 
             if better:
                 best = t
         if total <= 0.0:  # only a corrupt corpus index gets here (every candidate occurs)
-            for j in range(nt):
-                t = np.int64(scratch[R_TOUCHED, j])
-                score[t] = 0.0
-                scratch[R_SEEN, t] = 0.0
-                llast[t] = -1
-                glast[t] = -1
+            _clear_touched(scratch, nt, score, llast, glast)
             return -2
         p = score[best] / total
         if i == 0:
@@ -353,12 +359,7 @@ def _draft(lst, led, lhk, lhv, lmeta, buf, n, k, gst, ged, ghk, ghv, ctok, csa, 
             io[IO_FEAT + F_TOTAL] = total
             io[IO_FEAT + F_FROM_HISTORY] = 1.0 if mg == top and ml < top else 0.0
             io[IO_FEAT + F_FROM_CORPUS] = 1.0 if mc > 0 and mc_eff == top and ml < top and mg < top else 0.0
-        for j in range(nt):
-            t = np.int64(scratch[R_TOUCHED, j])
-            score[t] = 0.0
-            scratch[R_SEEN, t] = 0.0
-            llast[t] = -1
-            glast[t] = -1
+        _clear_touched(scratch, nt, score, llast, glast)
         if path * p < min_prob:
             break
         path *= p
