@@ -139,6 +139,9 @@ def _add_lookup_commands(sub) -> None:
     c.add_argument("-f", "--file", nargs="+", required=True, metavar="CORPUS", help="corpus text file(s)")
     c.add_argument("-o", "--output", required=True, metavar="CACHE", help="cache file to write")
     c.add_argument("-t", "--threads", type=_int_in(1, None, "--threads"), help="tokenizer processes")
+    c.add_argument("--tokenizer", choices=("memo", "llama"), default="memo",
+                   help="memo (default): llama.cpp's tokens, each distinct piece tokenized once; "
+                        "llama: llama.cpp's tokenizer on every byte (the reference, slower)")
     c.add_argument("--format", choices=("static", "llamacpp"), default="static",
                    help="our mmap format (default) or llama.cpp's")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -180,6 +183,8 @@ def _add_lookup_commands(sub) -> None:
     ix.add_argument("-f", "--file", nargs="+", required=True, metavar="CORPUS", help="corpus text file(s)")
     ix.add_argument("-o", "--output", required=True, metavar="INDEX", help="index file to write")
     ix.add_argument("-t", "--threads", type=_int_in(1, None, "--threads"), help="tokenizer processes")
+    ix.add_argument("--tokenizer", choices=("memo", "llama"), default="memo",
+                    help="memo (default) or llama (the reference tokenizer); same tokens, see create")
     ix.add_argument("--no-progress", action="store_true", help="no progress bar")
     ix.set_defaults(func=cmd_index)
 
@@ -353,7 +358,8 @@ def cmd_create(args: argparse.Namespace) -> int:
     from promptlookup.models import resolve_model
 
     st = run_create(args.file, resolve_model(args.model), args.output, fmt=args.format,
-                    workers=args.threads or default_threads(), progress=not args.no_progress)
+                    workers=args.threads or default_threads(), progress=not args.no_progress,
+                    tokenizer=args.tokenizer)
     for line in st.report_lines():
         print(line, file=sys.stderr)
     return 0
@@ -389,7 +395,8 @@ def cmd_index(args: argparse.Namespace) -> int:
     from promptlookup.models import resolve_model
 
     st = run_index(args.file, resolve_model(args.model), args.output,
-                   workers=args.threads or default_threads(), progress=not args.no_progress)
+                   workers=args.threads or default_threads(), progress=not args.no_progress,
+                   tokenizer=args.tokenizer)
     for line in st.report_lines():
         print(line, file=sys.stderr)
     return 0

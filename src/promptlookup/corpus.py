@@ -59,6 +59,15 @@ class VocabTokenizer:
             raise ValueError(f"llama.cpp could not load the vocabulary of {model_path}: {exc}") from exc
         self._vocab = llama_cpp.llama_model_get_vocab(self._llama.model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        self.metadata: dict[str, str] = dict(self._llama.metadata)
+
+    def special_texts(self) -> list[bytes]:
+        """Texts of the tokens llama.cpp's tokenizer matches before pre-tokenizing (control,
+        user-defined and unknown tokens)."""
+        lib = self._lib
+        mask = lib.LLAMA_TOKEN_ATTR_CONTROL | lib.LLAMA_TOKEN_ATTR_USER_DEFINED | lib.LLAMA_TOKEN_ATTR_UNKNOWN
+        return sorted({lib.llama_vocab_get_text(self._vocab, t) for t in range(self.n_vocab)
+                       if lib.llama_vocab_get_attr(self._vocab, t) & mask} - {b"", None})
 
     def tokenize(self, data: bytes, add_special: bool = True, parse_special: bool = True) -> np.ndarray:
         buf = np.empty(len(data) + 8, dtype=np.int32)
@@ -196,12 +205,36 @@ class RunStack:
         return self.runs.pop()
 
 
-_WORKER: VocabTokenizer | None = None
+TOKENIZERS = ("memo", "llama")
 
 
-def _worker_init(model_path: str) -> None:
+def open_tokenizer(model_path: str | os.PathLike[str], kind: str = "memo"):  # noqa: ANN201
+    """``memo``: llama.cpp's tokens with pieces memoized (memo_tokenizer.py); ``llama``: llama.cpp's
+    tokenizer on every byte (the reference, several times slower)."""
+    if kind not in TOKENIZERS:
+        raise ValueError(f"unknown tokenizer {kind!r} (memo or llama)")
+    base = VocabTokenizer(model_path)
+    if kind == "llama":
+        return base
+    from promptlookup.memo_tokenizer import MemoTokenizer
+
+    return MemoTokenizer(base)
+
+
+def describe_tokenizer(tok) -> str:  # noqa: ANN001
+    fast = getattr(tok, "fast", None)
+    if fast is None:
+        return "llama.cpp's tokenizer"
+    return ("llama.cpp's tokens, pieces memoized" if fast
+            else f"llama.cpp's tokenizer (memo off: {tok.reason})")
+
+
+_WORKER = None  # the worker process's tokenizer
+
+
+def _worker_init(model_path: str, kind: str = "memo") -> None:
     global _WORKER
-    _WORKER = VocabTokenizer(model_path)
+    _WORKER = open_tokenizer(model_path, kind)
 
 
 def _worker_count(data: bytes, add_special: bool, bits: int) -> tuple:
@@ -220,9 +253,11 @@ class CreateStats:
     seconds: float = 0.0
     peak_rss_bytes: int = 0  # the parent
     peak_rss_children_bytes: int = 0  # the largest worker
+    tokenizer: str = ""
 
     def report_lines(self) -> list[str]:
         return [
+            f"create: tokens: {self.tokenizer}",
             f"create: {self.n_bytes / 1e6:.1f} MB -> {self.n_tokens} tokens -> {self.n_keys} 2-grams, "
             f"{self.n_followers} followers in {self.seconds:.1f} s",
             f"create: peak RSS {self.peak_rss_bytes / 2**20:.0f} MiB (parent), "
@@ -232,7 +267,7 @@ class CreateStats:
 
 def build_from_corpus(paths: Sequence[str | os.PathLike[str]], model_path: str | os.PathLike[str],
                       n_vocab: int, fingerprint: str, workers: int = 2, progress: bool = True,
-                      block: int = BLOCK) -> tuple[StaticCache, CreateStats]:
+                      block: int = BLOCK, tokenizer: str = "memo") -> tuple[StaticCache, CreateStats]:
     """Tokenize ``paths`` (joined) in ``workers`` processes and build the static cache in memory."""
     from tqdm import tqdm
 
@@ -264,7 +299,7 @@ def build_from_corpus(paths: Sequence[str | os.PathLike[str]], model_path: str |
 
     ctx = get_context("spawn")
     with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=ctx, initializer=_worker_init,
-                             initargs=(str(model_path),)) as pool:
+                             initargs=(str(model_path), tokenizer)) as pool:
         inflight: deque[tuple[Future, int]] = deque()
         first = True
         for data in iter_blocks(paths, block):
@@ -300,7 +335,7 @@ def build_from_corpus(paths: Sequence[str | os.PathLike[str]], model_path: str |
 
 
 def run_create(paths: Sequence[str], model_path: str | os.PathLike[str], output: str, fmt: str = "static",
-               workers: int = 2, progress: bool = True) -> CreateStats:
+               workers: int = 2, progress: bool = True, tokenizer: str = "memo") -> CreateStats:
     """``promptlookup create``: build the static cache of ``paths`` and write it atomically to ``output``."""
     from promptlookup.drafting.llamacpp_file import records_from_static, write_llamacpp
     from promptlookup.drafting.static_cache import write_static
@@ -309,9 +344,11 @@ def run_create(paths: Sequence[str], model_path: str | os.PathLike[str], output:
         raise ValueError(f"unknown cache format {fmt!r} (static or llamacpp)")
     if not Path(output).resolve().parent.is_dir():
         raise ValueError(f"output directory does not exist: {Path(output).parent}")
-    tok = VocabTokenizer(model_path)
-    fp = tok.fingerprint()
-    cache, st = build_from_corpus(paths, model_path, tok.n_vocab, fp, workers=workers, progress=progress)
+    tok = open_tokenizer(model_path, tokenizer)
+    fp = getattr(tok, "base", tok).fingerprint()
+    cache, st = build_from_corpus(paths, model_path, tok.n_vocab, fp, workers=workers, progress=progress,
+                                  tokenizer=tokenizer)
+    st.tokenizer = describe_tokenizer(tok)
     if fmt == "static":
         write_static(output, cache)
     else:

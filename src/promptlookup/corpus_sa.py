@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from promptlookup import corpus
-from promptlookup.corpus import BLOCK, VocabTokenizer, iter_blocks
+from promptlookup.corpus import BLOCK, iter_blocks
 from promptlookup.drafting.corpus_index import build_suffix_array, write_index
 
 
@@ -40,9 +40,11 @@ class IndexStats:
     t_sort_s: float = 0.0
     t_write_s: float = 0.0
     peak_rss_bytes: int = 0
+    tokenizer: str = ""
 
     def report_lines(self) -> list[str]:
         return [
+            f"index: tokens: {self.tokenizer}",
             f"index: {self.n_bytes / 1e6:.1f} MB -> {self.n_tokens} tokens -> {self.file_bytes / 1e6:.1f} MB "
             f"file; tokenize {self.t_tokenize_s:.1f} s, suffix array {self.t_sort_s:.1f} s, "
             f"write {self.t_write_s:.1f} s",
@@ -51,7 +53,8 @@ class IndexStats:
 
 
 def tokenize_corpus(paths: Sequence[str | os.PathLike[str]], model_path: str | os.PathLike[str],
-                    workers: int = 2, progress: bool = True, block: int = BLOCK) -> np.ndarray:
+                    workers: int = 2, progress: bool = True, block: int = BLOCK,
+                    tokenizer: str = "memo") -> np.ndarray:
     """The corpus's tokens, as ``create`` tokenizes it (blocks in ``workers`` processes)."""
     from tqdm import tqdm
 
@@ -63,7 +66,7 @@ def tokenize_corpus(paths: Sequence[str | os.PathLike[str]], model_path: str | o
                file=sys.stderr)
     parts: list[np.ndarray] = []
     with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=get_context("spawn"),
-                             initializer=corpus._worker_init, initargs=(str(model_path),)) as pool:
+                             initializer=corpus._worker_init, initargs=(str(model_path), tokenizer)) as pool:
         inflight: deque[tuple[Future, int]] = deque()
         first = True
         for data in iter_blocks(paths, block):
@@ -82,15 +85,16 @@ def tokenize_corpus(paths: Sequence[str | os.PathLike[str]], model_path: str | o
 
 
 def run_index(paths: Sequence[str], model_path: str | os.PathLike[str], output: str, workers: int = 2,
-              progress: bool = True) -> IndexStats:
+              progress: bool = True, tokenizer: str = "memo") -> IndexStats:
     """Tokenize ``paths`` (joined), build the suffix array, write it atomically to ``output``."""
     if not Path(output).resolve().parent.is_dir():
         raise ValueError(f"output directory does not exist: {Path(output).parent}")
-    tok = VocabTokenizer(model_path)
-    fp = tok.fingerprint()
-    st = IndexStats(n_bytes=sum(Path(p).stat().st_size for p in paths if Path(p).is_file()))
+    tok = corpus.open_tokenizer(model_path, tokenizer)
+    fp = getattr(tok, "base", tok).fingerprint()
+    st = IndexStats(n_bytes=sum(Path(p).stat().st_size for p in paths if Path(p).is_file()),
+                    tokenizer=corpus.describe_tokenizer(tok))
     t0 = time.perf_counter()
-    tokens = tokenize_corpus(paths, model_path, workers=workers, progress=progress)
+    tokens = tokenize_corpus(paths, model_path, workers=workers, progress=progress, tokenizer=tokenizer)
     t1 = time.perf_counter()
     sa = build_suffix_array(tokens, tok.n_vocab)
     t2 = time.perf_counter()
