@@ -20,6 +20,7 @@ Tokenization is llama.cpp's: ``add_special`` at the start of the stream, ``parse
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import resource
@@ -43,31 +44,61 @@ MAX_VOCAB = 1 << 21  # three ids must fit one uint64
 
 
 class VocabTokenizer:
-    """The model's tokenizer alone: no weights loaded."""
+    """The model's tokenizer alone: the vocabulary through llama.cpp's C API, no weights and no
+    context (about 35 MB resident, where a vocab-only ``llama_cpp.Llama`` takes about 100)."""
 
     def __init__(self, model_path: str | os.PathLike[str]) -> None:
         import llama_cpp  # deferred: loads the shared library
+        from llama_cpp._utils import suppress_stdout_stderr
 
         self._lib = llama_cpp
         self.model_path = Path(model_path)
-        from llama_cpp._utils import suppress_stdout_stderr
-
-        try:
-            with suppress_stdout_stderr(disable=False):
-                self._llama = llama_cpp.Llama(model_path=str(model_path), vocab_only=True, verbose=False)
-        except (ValueError, RuntimeError) as exc:
-            raise ValueError(f"llama.cpp could not load the vocabulary of {model_path}: {exc}") from exc
-        self._vocab = llama_cpp.llama_model_get_vocab(self._llama.model)
+        if not self.model_path.is_file():
+            raise ValueError(f"model file not found: {model_path}")
+        params = llama_cpp.llama_model_default_params()
+        params.vocab_only = True
+        with suppress_stdout_stderr(disable=False):
+            llama_cpp.llama_backend_init()
+            self._model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), params)
+        if not self._model:
+            raise ValueError(f"llama.cpp could not load the vocabulary of {model_path}")
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
-        self.metadata: dict[str, str] = dict(self._llama.metadata)
+        self.metadata: dict[str, str] = self._read_metadata()
 
-    def special_texts(self) -> list[bytes]:
-        """Texts of the tokens llama.cpp's tokenizer matches before pre-tokenizing (control,
-        user-defined and unknown tokens)."""
-        lib = self._lib
-        mask = lib.LLAMA_TOKEN_ATTR_CONTROL | lib.LLAMA_TOKEN_ATTR_USER_DEFINED | lib.LLAMA_TOKEN_ATTR_UNKNOWN
-        return sorted({lib.llama_vocab_get_text(self._vocab, t) for t in range(self.n_vocab)
-                       if lib.llama_vocab_get_attr(self._vocab, t) & mask} - {b"", None})
+    def _read_metadata(self) -> dict[str, str]:
+        lib, out = self._lib, {}
+        buf = ctypes.create_string_buffer(1 << 16)
+        for i in range(lib.llama_model_meta_count(self._model)):
+            n = lib.llama_model_meta_key_by_index(self._model, i, buf, len(buf))
+            if n < 0 or n >= len(buf):
+                continue
+            key = buf.value.decode("utf-8", "replace")
+            n = lib.llama_model_meta_val_str_by_index(self._model, i, buf, len(buf))
+            if 0 <= n < len(buf):
+                out[key] = buf.value.decode("utf-8", "replace")
+        return out
+
+    def close(self) -> None:
+        if getattr(self, "_model", None):
+            self._lib.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # interpreter shutdown
+            self.close()
+
+    def piece(self, token: int, special: bool = True) -> bytes:
+        """The text of one token, as ``llama_cpp.Llama.detokenize([token])`` gives it."""
+        buf = ctypes.create_string_buffer(64)
+        n = self._lib.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = self._lib.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        out = buf.raw[:n]
+        if token == self._lib.llama_vocab_bos(self._vocab) and out[:1] == b" ":
+            out = out[1:]  # llama-cpp-python drops the space llama-1 vocabularies put after BOS
+        return out
 
     def tokenize(self, data: bytes, add_special: bool = True, parse_special: bool = True) -> np.ndarray:
         buf = np.empty(len(data) + 8, dtype=np.int32)
@@ -83,9 +114,15 @@ class VocabTokenizer:
     def fingerprint(self) -> str:
         from promptlookup.fingerprint import fingerprint_pieces
 
-        return fingerprint_pieces(
-            self.n_vocab, (self._llama.detokenize([t], special=True) for t in range(self.n_vocab))
-        )
+        return fingerprint_pieces(self.n_vocab, (self.piece(t) for t in range(self.n_vocab)))
+
+    def special_texts(self) -> list[bytes]:
+        """Texts of the tokens llama.cpp's tokenizer matches before pre-tokenizing (control,
+        user-defined and unknown tokens)."""
+        lib = self._lib
+        mask = lib.LLAMA_TOKEN_ATTR_CONTROL | lib.LLAMA_TOKEN_ATTR_USER_DEFINED | lib.LLAMA_TOKEN_ATTR_UNKNOWN
+        return sorted({lib.llama_vocab_get_text(self._vocab, t) for t in range(self.n_vocab)
+                       if lib.llama_vocab_get_attr(self._vocab, t) & mask} - {b"", None})
 
 
 # -- splitting --------------------------------------------------------------------------------

@@ -158,6 +158,9 @@ def run_stats(text: str, model_path: str, n_ctx: int, n_draft: int, source: str 
 
     tok = VocabTokenizer(model_path)
     tokens = read_text_tokens(text, tok, as_list=source != "lookup" or reference)
+    n_vocab = tok.n_vocab
+    fingerprint = tok.fingerprint() if static_path else ""  # the tokenizer's, not the cache's work
+    tok.close()  # the vocabulary's memory is not needed by the replay
     if source == "ngram":
         if static_path or dynamic_path:
             raise ValueError("--lookup-cache-static/--lookup-cache-dynamic only apply to --source lookup")
@@ -171,17 +174,16 @@ def run_stats(text: str, model_path: str, n_ctx: int, n_draft: int, source: str 
         from promptlookup.drafting.suffix_source import SuffixSource
 
         return replay(tokens, n_ctx, n_draft,
-                      lambda: SuffixSource(history=History(), n_vocab=tok.n_vocab))
+                      lambda: SuffixSource(history=History(), n_vocab=n_vocab))
     if source != "lookup":
         raise ValueError(f"unknown draft source {source!r} (lookup, ngram or suffix)")
     from promptlookup.drafting.llamacpp_file import load_dynamic, open_static_any
     from promptlookup.drafting.lookup import LookupSource
 
-    fingerprint = tok.fingerprint() if static_path else ""  # the tokenizer's, not the cache's work
     t0 = time.perf_counter()
-    static = (open_static_any(static_path, tok.n_vocab, lambda: fingerprint, verify=verify)
+    static = (open_static_any(static_path, n_vocab, lambda: fingerprint, verify=verify)
               if static_path else None)
-    dynamic = load_dynamic(dynamic_path, tok.n_vocab) if dynamic_path else None
+    dynamic = load_dynamic(dynamic_path, n_vocab) if dynamic_path else None
     t_load = time.perf_counter() - t0
     if reference:
         return replay(tokens, n_ctx, n_draft, lambda: LookupSource(static=static, dynamic=dynamic), t_load)

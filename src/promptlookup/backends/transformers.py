@@ -46,9 +46,6 @@ INSTALL_HINT = "pip install 'promptlookup[transformers]' (torch==2.13.0 transfor
 # that both backends stop at the same place on the same vocabulary.
 _EOG_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|return|>",
               "<EOT>", "<|fim_pad|>", "<fim-pad>", "<|repo_name|>", "<reponame>", "<|fim_repo|>")
-# llama-cpp-python's detokenize of one token returns nothing for a piece longer than 32 bytes; the
-# fingerprints already written into cache files were computed that way, so ours hashes the same.
-_LLAMA_CPP_PIECE_LIMIT = 32
 
 
 def import_torch_transformers() -> tuple[Any, Any]:
@@ -193,9 +190,7 @@ class TransformersBackend:
         """Tokenizer fingerprint over each token's bytes; equals llama.cpp's for the same vocabulary."""
         from promptlookup.fingerprint import fingerprint_pieces
 
-        pieces = (self.token_bytes(t) for t in range(self.n_vocab))
-        return fingerprint_pieces(self.n_vocab, (b if len(b) <= _LLAMA_CPP_PIECE_LIMIT else b""
-                                                 for b in pieces))
+        return fingerprint_pieces(self.n_vocab, (self.token_bytes(t) for t in range(self.n_vocab)))
 
     def chat_prompt(self, user: str, system: str | None = None) -> str:
         """Render the model's own chat template for one user turn, ready for generation."""
