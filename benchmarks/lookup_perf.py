@@ -343,6 +343,17 @@ def measure_size(size: str, info: dict, work: Path, args: argparse.Namespace) ->
                     w.writeheader()
                 w.writerow({k: row.get(k, "") for k in w.fieldnames})
         result[tool] = median_of(runs)
+    if corpus and args.check_tokens:
+        # every optimization keeps the tokens: the reference tokenizer must write the very same cache
+        ref = work / f"ours_{size}.reference.plc"
+        log(f"{size} MB ours: create --tokenizer llama (the reference; not timed)")
+        timed([PY, "-m", "promptlookup", "create", "-m", args.model, "-f", corpus, "-o", str(ref),
+               "-t", str(args.threads), "--no-progress", "--tokenizer", "llama"], args.lock)
+        same = ref.read_bytes() == (work / f"ours_{size}.plc").read_bytes()
+        ref.unlink()
+        result["ours"]["same_as_reference"] = same
+        log(f"{size} MB: the memo tokenizer's cache {'IS' if same else 'IS NOT'} byte-identical "
+            "to the reference's")
     return result
 
 
@@ -403,6 +414,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2, help="our create's worker processes")
     ap.add_argument("--lock", default="/tmp/pl-bench.lock", help="lock shared by every benchmark here")
     ap.add_argument("--ngram-only", action="store_true", help="only the --ngram per-call figure")
+    ap.add_argument("--no-check-tokens", dest="check_tokens", action="store_false",
+                    help="skip building each cache once more with --tokenizer llama to compare bytes")
     args = ap.parse_args(argv)
     if args.ngram_only:
         args.out.mkdir(parents=True, exist_ok=True)
@@ -428,7 +441,11 @@ def main(argv: list[str] | None = None) -> int:
                                                for k, v in info["corpora"].items() if k in results) + "\n\n"
                 f"--ngram at a 32k-token context: {ngram['ngram_us_per_call']:.2f} us per drafting call "
                 f"(+ {ngram['ngram_extend_us_per_call']:.2f} us per extend; the old backward scan alone: "
-                f"{ngram['ngram_scan_us_per_call']:.2f} us)\n\n")
+                f"{ngram['ngram_scan_us_per_call']:.2f} us)\n\n"
+                "Our cache built with llama.cpp's tokenizer on every byte (`--tokenizer llama`) is "
+                "byte-identical to the memo tokenizer's: " + ", ".join(
+                    f"{k} MB {'yes' if r['ours'].get('same_as_reference') else 'NO'}"
+                    for k, r in results.items() if "same_as_reference" in r["ours"]) + "\n\n")
         (args.out / "lookup_perf.md").write_text(head + md + "\n")
         with open(args.out / "lookup_perf.csv", "w", newline="") as fh:
             w = csv.writer(fh)
