@@ -193,3 +193,72 @@ def test_source_drafts_like_reference_on_real_tokens():
         if i % 5 == 0:  # the reference is quadratic: sample positions
             assert list(src.propose(8).tokens) == suffix_draft_reference(toks[:i], 8, 2, 16)
         src.extend([toks[i]])
+
+
+def _expected_draft(buf, n, k, min_match, max_match):
+    """What a drafting call must return, from the backward scan (held equal to the plain rule above)."""
+    from promptlookup.drafting.base import Draft
+
+    end, length = suffix_match(buf, n, max_match)
+    if end < 0 or length < min_match or k <= 0:
+        return Draft(source="ngram", match_len=length)
+    return Draft(tokens=tuple(int(t) for t in buf[end + 1 : min(end + 1 + k, n)]), source="ngram",
+                 match_len=length)
+
+
+@pytest.mark.parametrize(("min_match", "max_match"), [(1, 1), (3, 16), (2, 32), (1, 33)])
+def test_source_drafts_like_scan_at_every_call_in_uneven_steps(min_match, max_match):
+    """The fused drafting call (index, match, gate, clip in one compiled call; the table growing from
+    its first size, sometimes part-way through a batch of new tokens; the scan above the index limit)
+    against the scan, every call, whole Draft objects (tokens, match_len, source)."""
+    data = _real_bytes(30_000)
+    buf = np.array(data, dtype=np.int32)
+    rng = np.random.default_rng(min_match * 100 + max_match)
+    src = SuffixMatchSource(min_match=min_match, max_match=max_match)
+    src.reset(data[:5])
+    n = 5
+    while n < len(data):
+        k = int(rng.integers(0, 9))
+        assert src.propose(k) == _expected_draft(buf, n, k, min_match, max_match), n
+        step = int(rng.integers(1, 40)) if rng.random() < 0.1 else 1
+        src.extend(data[n : n + step])
+        n = min(len(data), n + step)
+    src.reset(data[: len(data) // 2])  # a second request over the same (already grown) table
+    assert src.propose(5) == _expected_draft(buf, len(data) // 2, 5, min_match, max_match)
+
+
+def test_source_draft_is_an_ordinary_draft():
+    """propose builds its Draft without the dataclass __init__: it must be indistinguishable."""
+    import dataclasses
+
+    from promptlookup.drafting.base import Draft
+
+    src = SuffixMatchSource(min_match=2, max_match=16)
+    src.reset([5, 6, 7, 8, 5, 6, 7])
+    d = src.propose(2)
+    ref = Draft(tokens=(8, 5), source="ngram", match_len=3)
+    assert type(d) is Draft and d == ref and repr(d) == repr(ref)
+    assert vars(d) == vars(ref) and list(vars(d)) == [f.name for f in dataclasses.fields(Draft)]
+    assert dataclasses.asdict(d) == dataclasses.asdict(ref)
+    assert all(type(t) is int for t in d.tokens)
+    assert src.propose(2).features is not d.features  # a fresh dict per draft, as default_factory
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        d.tokens = ()  # type: ignore[misc]
+    assert src.propose(0) == Draft(source="ngram", match_len=3)  # k <= 0 abstains, match_len kept
+
+
+@settings(max_examples=200, deadline=None)
+@given(corpus=st.lists(st.integers(0, 3), max_size=80), max_match=st.integers(1, 10),
+       min_match=st.integers(1, 4), k=st.integers(0, 6), steps=st.lists(st.integers(1, 7), max_size=20))
+def test_index_draft_span_matches_reference(corpus, max_match, min_match, k, steps):
+    from promptlookup.drafting.suffix_index import SuffixIndex
+
+    arr = np.array(corpus, dtype=np.int32)
+    index = SuffixIndex(max_match, capacity=16, min_match=min_match)  # starts tiny: grows mid-batch
+    n = 0
+    for step in steps:
+        n = min(len(arr), n + step)
+        start, stop, length = index.draft_span(arr, n, k)
+        assert length == suffix_match_reference(corpus[:n], max_match)[1]
+        want = suffix_draft_reference(corpus[:n], k, min_match, max_match) if k > 0 else []
+        assert list(arr[start:stop]) == want

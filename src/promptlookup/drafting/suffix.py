@@ -23,7 +23,14 @@ import numpy as np
 from numba import njit
 
 from promptlookup.drafting.base import Draft
-from promptlookup.drafting.suffix_index import SuffixIndex
+from promptlookup.drafting.suffix_index import (
+    _KEYS,
+    _MAX_MATCH,
+    _MIN_MATCH,
+    SuffixIndex,
+    _draft_span,
+    compiled_entry,
+)
 
 DEFAULT_MIN_MATCH = 3
 DEFAULT_MAX_MATCH = 16
@@ -89,11 +96,30 @@ def suffix_draft_reference(
     return list(corpus[end + 1 : end + 1 + k])
 
 
+@njit(cache=True, nogil=True)
+def _scan_span(corpus, n, k, tab, state):
+    """:func:`~promptlookup.drafting.suffix_index._draft_span`'s twin for the scan (``tab`` unused):
+    ``(start, stop, match_len)``, the draft ``corpus[start:stop]`` empty below the gate."""
+    if n < 2:
+        return 0, 0, 0
+    end, length = _suffix_match_scan(corpus, n, state[_MAX_MATCH])
+    if end < 0 or length < state[_MIN_MATCH] or k <= 0:
+        return 0, 0, length
+    return end + 1, min(end + 1 + k, n), length
+
+
+_new = object.__new__
+
+
 class SuffixMatchSource:
     """``--ngram``: a draft source over a growable int32 buffer of the confirmed tokens.
 
     The index only ever grows with the buffer; ``reset`` empties both, so nothing has to follow the
     KV cache back on a rejected draft (rejected tokens are never appended).
+
+    A drafting call is one compiled call (index the new tokens, match, gate, clip: ``_span``, called
+    through its compiled build, see :func:`~promptlookup.drafting.suffix_index.compiled_entry`) plus the
+    returned :class:`Draft`; empty drafts are built once per match length.
     """
 
     name = "ngram"
@@ -105,14 +131,33 @@ class SuffixMatchSource:
             raise ValueError(
                 f"ngram max-match ({max_match}) must be at least min-match ({min_match})"
             )
-        self.min_match = min_match
-        self.max_match = max_match
+        self._min_match = min_match
+        self._max_match = max_match
         self._buf = np.zeros(1024, dtype=np.int32)
         self._n = 0
-        self._abstain: dict[int, Draft] = {}  # empty drafts are immutable: one per match length
-        self._index = SuffixIndex(max_match) if max_match <= INDEX_MAX_MATCH else None
-        SuffixIndex(1).match(self._buf, 2)  # compile (or load the cached builds) before any timing
+        # empty drafts are immutable: one per match length (0 .. max_match)
+        self._abstain = [Draft(source=self.name, match_len=m) for m in range(max_match + 1)]
+        if max_match <= INDEX_MAX_MATCH:
+            self._index: SuffixIndex | None = SuffixIndex(max_match, min_match=min_match)
+            self._tab, self._state = self._index.tab, self._index.state
+            kernel = _draft_span
+        else:  # above the index limit: the backward scan, same call shape
+            self._index = None
+            self._tab = np.zeros(2, dtype=np.int64)
+            self._state = np.zeros(_KEYS + 1, dtype=np.int64)
+            self._state[_MAX_MATCH], self._state[_MIN_MATCH] = max_match, min_match
+            kernel = _scan_span
+        # compile (or load the cached builds) before any timing; n = 0 changes nothing
+        self._span = compiled_entry(kernel, self._buf, 0, 0, self._tab, self._state)
         suffix_match(self._buf, 2, 1)
+
+    @property
+    def min_match(self) -> int:
+        return self._min_match
+
+    @property
+    def max_match(self) -> int:
+        return self._max_match
 
     @property
     def tokens(self) -> np.ndarray:
@@ -138,14 +183,20 @@ class SuffixMatchSource:
         self._n += m
 
     def propose(self, k: int) -> Draft:
-        if self._index is not None:
-            end, length = self._index.match(self._buf, self._n)
-        else:
-            end, length = suffix_match(self._buf, self._n, self.max_match)
-        if end < 0 or length < self.min_match or k <= 0:
-            abstain = self._abstain.get(length)
-            if abstain is None:
-                abstain = self._abstain[length] = Draft(source=self.name, match_len=length)
-            return abstain
-        stop = min(end + 1 + k, self._n)
-        return Draft(tokens=tuple(self._buf[end + 1 : stop].tolist()), source=self.name, match_len=length)
+        buf = self._buf
+        start, stop, length = self._span(buf, self._n, k, self._tab, self._state)
+        if start == stop:
+            if length < 0:  # the index's table must grow first
+                self._index.grow(buf, self._n)
+                self._tab = self._index.tab
+                return self.propose(k)
+            return self._abstain[length]
+        # Draft(tokens=..., source=..., match_len=...) without the frozen dataclass's __init__ (its
+        # four object.__setattr__ calls cost more than the rest of the call): the same fields, in order.
+        draft = _new(Draft)
+        fields = draft.__dict__
+        fields["tokens"] = tuple(buf[start:stop].tolist())
+        fields["source"] = self.name
+        fields["match_len"] = length
+        fields["features"] = {}
+        return draft
