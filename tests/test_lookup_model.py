@@ -76,7 +76,7 @@ def test_create_then_stats_cli(tok, tmp_path, capsys):
     whole = tok.tokenize(b"".join(Path(p).read_bytes() for p in names))
     want = build_static(whole[:-2], whole[1:-1], whole[2:], np.ones(len(whole) - 2, np.int64),
                         tok.n_vocab, tok.fingerprint())
-    for name in ("first_off", "key_second", "key_best", "key_total", "key_off", "fol_token", "fol_count"):
+    for name in ("first_off", "key_second", "key_draft", "key_total", "key_off", "fol_token", "fol_count"):
         assert np.array_equal(getattr(cache, name), getattr(want, name)), name
     cache.close()
     capsys.readouterr()

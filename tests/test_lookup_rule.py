@@ -146,3 +146,37 @@ def test_ties_go_to_the_lowest_token_id(impl):
     assert draft(SEQ, 1, ctx={(13,): {9: 2, 5: 2, 7: 2}}, impl=impl) == []  # 33 % fails p
     assert draft(SEQ, 1, ctx={(12, 13): {9: 2, 5: 2}}, impl=impl) == [5]
     assert draft(SEQ, 1, ctx={(12, 13): {9: 2, 5: 2}}, st={(12, 13): {9: 1, 5: 1}}, impl=impl) == [5]
+
+
+@IMPLS
+def test_a_lone_follower_wins_whatever_the_static_weights(impl):
+    # the fast twin does not ask the static cache about an n-gram with one follower: same drafts
+    st = {(12, 13): {9: 50, 7: 1}}
+    assert draft(SEQ, 1, ctx={(12, 13): {8: 2}}, st=st, impl=impl) == [8]
+    assert draft(SEQ, 1, ctx={(12, 13): {9: 2}}, st=st, impl=impl) == [9]
+    assert draft(SEQ, 1, ctx={(12, 13): {8: 1}}, st=st, impl=impl) == [9]  # 1 < a = 2: the fall-back
+    assert draft(SEQ, 1, dyn={(11, 12, 13): {8: 3}}, st=st, impl=impl) == [8]
+
+
+@IMPLS
+def test_the_static_part_is_per_drafted_token(impl):
+    # token 1: a two-follower scan weighted by (12, 13); token 2: a lone follower (no static lookup);
+    # token 3: the fall-back of (9, 4); then (4, 6) has nothing. A static part carried over from an
+    # earlier token would give (12, 13)'s fall-back (total 1: none) or weights of the wrong 2-gram.
+    ctx = {(12, 13): {8: 3, 9: 3}, (13, 9): {4: 2}}
+    st = {(12, 13): {9: 1}, (9, 4): {6: 3}, (4, 6): {5: 1}}
+    assert draft(SEQ, 5, ctx=ctx, st=st, impl=impl) == [9, 4, 6]
+    ctx = {(13, 8): {1: 1, 2: 1}}  # token 1: the fall-back of (12, 13); token 2: (13, 8)'s weights
+    st = {(12, 13): {8: 2}, (13, 8): {2: 1}}
+    assert draft(SEQ, 2, ctx=ctx, st=st, impl=impl) == [8, 2]
+    assert draft(SEQ, 2, ctx=ctx, st={(12, 13): {8: 2}}, impl=impl) == [8, 1]  # unweighted: lowest id
+
+
+def test_static_fallback_reports_its_count_and_total():
+    from promptlookup.drafting.lookup import ORIGIN_STATIC, LookupSource
+
+    src = LookupSource(static=static({(12, 13): {8: 2, 9: 1, 10: 1}, (13, 8): {9: 1, 4: 3}}))
+    src.reset(SEQ)
+    d = src.propose(3)
+    assert d.tokens == (8, 4) and d.match_len == 2
+    assert d.features == {"origin": float(ORIGIN_STATIC), "count": 2.0, "total": 4.0}

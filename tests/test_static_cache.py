@@ -42,13 +42,13 @@ def expected_static_bytes() -> bytes:
         "<5I" "4i" "4i" "4I" "5I" "5i" "5I",
         0, 1, 3, 3, 4,  # first_off: t0=0 -> key 0; t0=1 -> keys 1,2; t0=2 -> none; t0=3 -> key 3
         1, 0, 2, 3,  # key_second: (0,1) (1,0) (1,2) (3,3)
-        2, 0, 3, 3,  # key_best: (1,2) has {0: 1, 3: 3} -> 3
+        -1, 0, 3, -1,  # key_draft: totals 1 fail (< 2); (1,0) {0: 4} -> 0; (1,2) {0: 1, 3: 3} -> 3 (75 %)
         1, 4, 4, 1,  # key_total
         0, 1, 2, 4, 5,  # key_off
         2, 0, 0, 3, 3,  # fol_token
         1, 4, 1, 3, 1,  # fol_count
     )
-    head = struct.pack("<8sII16sQQQI", b"PLSTATIC", 1, 2, FP.encode(), 4, 4, 5, zlib.crc32(body))
+    head = struct.pack("<8sII16sQQQI", b"PLSTATIC", 2, 2, FP.encode(), 4, 4, 5, zlib.crc32(body))
     return head + struct.pack("<I", zlib.crc32(head)) + body
 
 
@@ -70,6 +70,68 @@ def test_static_lookups(tmp_path):
     assert c.count(1, 2, 3) == 3 and c.count(1, 2, 1) == 0
     assert check_structure(c) is None
     c.close()
+
+
+def test_static_lookups_at_the_ends(tmp_path):
+    """The first and the last key, and keys missing below, between and above them (and beyond t0)."""
+    c = tiny()
+    assert c.key_index(0, 1) == 0 and c.key_index(3, 3) == 3  # first and last key
+    assert c.key_index(0, 0) == -1 and c.key_index(0, 2) == -1  # below / above t0 = 0's only key
+    assert c.key_index(1, 1) == -1 and c.key_index(1, 3) == -1  # between and above t0 = 1's keys
+    assert c.key_index(2, 0) == -1  # a first token with no keys
+    assert c.key_index(3, 2) == -1 and c.key_index(3, 0) == -1 and c.key_index(3, 4) == -1
+    assert c.key_index(4, 0) == -1 and c.key_index(-1, 1) == -1  # outside the vocabulary
+    assert c.count(3, 3, 3) == 1 and c.count(3, 3, 2) == 0 and c.count(0, 1, 2) == 1
+    assert c.count(0, 1, 1) == 0 and c.count(0, 1, 3) == 0  # followers missing below / above
+
+
+def test_fallback_drafts_exact():
+    """key_draft: the most frequent follower (lowest id among equals) when the key's total is >= 2 and
+    it holds >= 50 % of it, else -1."""
+    keys = {
+        (0, 0): {5: 1},  # total 1 < 2
+        (0, 1): {5: 1, 6: 1},  # total 2, 50 %, tie: lowest id
+        (0, 2): {6: 3, 2: 3},  # tie at 50 %: lowest id, whatever the insertion order
+        (0, 3): {5: 2, 6: 2, 7: 1},  # 40 %
+        (1, 0): {7: 2},  # one follower, total 2
+        (1, 1): {4: 49, 5: 51},  # 51 %
+        (1, 2): {4: 51, 5: 49, 6: 2},  # 51 / 102 = 50 %
+        (1, 3): {4: 50, 5: 49, 6: 2},  # 50 / 101 < 50 %
+    }
+    t0, t1, y, n = [], [], [], []
+    for (a, b), part in keys.items():
+        for tok, cnt in part.items():
+            t0.append(a), t1.append(b), y.append(tok), n.append(cnt)
+    c = build_static(t0, t1, y, n, 8, FP)
+    assert c.key_draft.tolist() == [-1, 5, 2, -1, 7, 5, 4, -1]
+    assert c.key_total.tolist() == [1, 2, 6, 5, 2, 100, 102, 101]
+    assert check_structure(c) is None
+
+
+def test_wrong_fallback_draft_is_caught_by_verify(tmp_path):
+    c = tiny()
+    c.key_draft = c.key_draft.copy()
+    c.key_draft[0] = 2  # key (0, 1) has total 1: it must not draft
+    path = tmp_path / "c.plc"
+    write_static(path, c)  # the CRC covers the wrong body: only the structure check can tell
+    with pytest.raises(CacheFormatError, match="fall-back draft"):
+        open_static(path, verify=True)
+
+
+def test_version_1_file_is_refused_with_a_hint(tmp_path):
+    data = bytearray(expected_static_bytes())
+    data[8:12] = struct.pack("<I", 1)
+    data[60:64] = struct.pack("<I", zlib.crc32(bytes(data[:60])))
+    path = tmp_path / "old.plc"
+    path.write_bytes(bytes(data))
+    with pytest.raises(CacheFormatError, match=r"version 1 is not supported \(this reads 2\); rebuild it "
+                                               r"from its corpus with `promptlookup create`"):
+        open_static(path)
+    data[8:12] = struct.pack("<I", 3)  # a newer file: no hint to rebuild
+    data[60:64] = struct.pack("<I", zlib.crc32(bytes(data[:60])))
+    path.write_bytes(bytes(data))
+    with pytest.raises(CacheFormatError, match=r"version 3 is not supported \(this reads 2\)$"):
+        open_static(path)
 
 
 def test_fingerprint_refused(tmp_path):
@@ -206,7 +268,7 @@ def test_fuzz_llamacpp_random_bytes(data):
 
 def test_hostile_static_header_sizes(tmp_path):
     """A header claiming a huge body is refused by the exact-length check before anything is mapped."""
-    head = struct.pack("<8sII16sQQQI", b"PLSTATIC", 1, 2, FP.encode(), 2**31 - 1, 2**32 - 1, 2**32 - 1, 0)
+    head = struct.pack("<8sII16sQQQI", b"PLSTATIC", 2, 2, FP.encode(), 2**31 - 1, 2**32 - 1, 2**32 - 1, 0)
     path = tmp_path / "h.plc"
     path.write_bytes(head + struct.pack("<I", zlib.crc32(head)))
     with pytest.raises(CacheFormatError, match="truncated"):

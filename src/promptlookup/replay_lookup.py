@@ -30,7 +30,7 @@ from promptlookup.replay import ReplayStats
 def _replay_chunk(chunk, n_ctx, n_draft, buf,
                   c_slots, c_keys, c_head, c_total, c_maxc, c_tok, c_cnt, c_next, c_meta,
                   d_slots, d_keys, d_head, d_total, d_maxc, d_tok, d_cnt, d_next,
-                  first_off, key_second, key_best, key_total, key_off, fol_token, fol_count,
+                  first_off, key_second, key_draft, key_total, key_off, fol_token, fol_count,
                   ctx_a, ctx_p, dyn_a, dyn_p):
     """lookup-stats' inner loop over one chunk; (n_drafted, n_accept). The context cache must be empty
     with room for ``4 * n_ctx`` n-grams and entries; ``buf`` holds ``n_ctx + n_draft`` tokens."""
@@ -43,7 +43,7 @@ def _replay_chunk(chunk, n_ctx, n_draft, buf,
     while n < n_ctx:
         d = _draft_core(buf, n, n_draft, c_slots, c_keys, c_head, c_total, c_maxc, c_tok, c_cnt, c_next,
                         d_slots, d_keys, d_head, d_total, d_maxc, d_tok, d_cnt, d_next,
-                        first_off, key_second, key_best, key_total, key_off, fol_token, fol_count,
+                        first_off, key_second, key_draft, key_total, key_off, fol_token, fol_count,
                         ctx_a, ctx_p, dyn_a, dyn_p, info, sub)
         n_drafted += d
         # drafted token j sits at buf[n] once j tokens are accepted: compare in place
@@ -74,9 +74,10 @@ def _fresh_context(ctx: NgramCache, n_ctx: int) -> None:
     ctx._reserve(size, size)
 
 
-def warm_up() -> None:
-    """Load (or compile) the replay before anything is timed."""
-    src = LookupSource()
+def warm_up(static: StaticCache | None = None) -> None:
+    """Load (or compile) the replay before anything is timed: for ``static``'s array types (a mapped
+    file's arrays are read-only, a type of their own to numba)."""
+    src = LookupSource(static=static)
     _fresh_context(src.context, 8)
     _run_chunk(np.array([1, 2, 1, 2, 1, 2, 1, 2], dtype=np.int32), 2, np.zeros(10, np.int32), src)
 
@@ -91,7 +92,7 @@ def replay_lookup(tokens: Sequence[int] | np.ndarray, n_ctx: int, n_draft: int,
         raise ValueError(f"--draft must be at least 1, got {n_draft}")
     toks = np.ascontiguousarray(tokens, dtype=np.int32)
     n_input = len(toks)
-    warm_up()
+    warm_up(static)
     source = LookupSource(static=static, dynamic=dynamic)
     st = ReplayStats(source=source.name, n_draft=n_draft, n_ctx=n_ctx, n_input=n_input,
                      n_predict=n_input - n_input % n_ctx, t_load_s=t_load_s)

@@ -41,7 +41,6 @@ from promptlookup.drafting.static_cache import (
     STATIC_MIN_PERCENT,
     STATIC_MIN_TOTAL,
     StaticCache,
-    _follower_count,
     _follower_range,
     _search,
     _static_key,
@@ -125,11 +124,28 @@ _DYN_A = np.array(DYNAMIC_MIN_SAMPLE, dtype=np.int64)
 _DYN_P = np.array(DYNAMIC_MIN_PERCENT, dtype=np.int64)
 
 
+_NEED_STATIC = -2  # _try_primary: a scan needs the static part, which is not looked up yet
+
+
 @njit(cache=True)
-def _try_primary(buf, m, slots, keys, head, total, maxc, e_tok, e_cnt, e_next, min_a, min_p,
-                 key_off, fol_token, fol_count, s_lo, s_hi, info):
-    for n in range(4, 0, -1):
-        if n > m:
+def _static_part(first_off, key_second, key_off, n_fol, t0, t1):
+    """The static cache's answer for the 2-gram (t0, t1): (key or -1, first follower, end of followers)."""
+    key = _static_key(first_off, key_second, t0, t1)
+    lo, hi = _follower_range(key_off, n_fol, key)
+    return key, lo, hi
+
+
+@njit(cache=True)
+def _try_primary(buf, m, n_top, slots, keys, head, total, maxc, e_tok, e_cnt, e_next, min_a, min_p,
+                 fol_token, fol_count, s_lo, s_hi, info):
+    """One cache's draft: the best follower of its first passing n-gram, n = n_top .. 1, or -1.
+
+    ``s_lo < 0``: the static part is not looked up yet (then ``s_hi < 0`` too). A lone follower wins
+    whatever its static weight, so only a scan of two or more followers needs it: then this returns
+    _NEED_STATIC with that n in ``info[0]``, to be called again from that n with the static part.
+    """
+    for n in range(4, 0, -1):  # a constant range: the compiler unrolls it
+        if n > m or n > n_top:
             continue
         b = m - n
         t0 = buf[b]
@@ -148,6 +164,9 @@ def _try_primary(buf, m, slots, keys, head, total, maxc, e_tok, e_cnt, e_next, m
         best_cnt = np.int64(0)
         best_score = np.int64(0)
         e = head[s]
+        if s_lo < 0 and e >= 0 and e_next[e] >= 0:  # two or more followers: their weights decide
+            info[0] = n
+            return _NEED_STATIC
         while e >= 0:
             tok = e_tok[e]
             cnt = e_cnt[e]
@@ -175,33 +194,54 @@ def _try_primary(buf, m, slots, keys, head, total, maxc, e_tok, e_cnt, e_next, m
 def _draft_core(buf, n, k,
                 c_slots, c_keys, c_head, c_total, c_maxc, c_tok, c_cnt, c_next,
                 d_slots, d_keys, d_head, d_total, d_maxc, d_tok, d_cnt, d_next,
-                first_off, key_second, key_best, key_total, key_off, fol_token, fol_count,
+                first_off, key_second, key_draft, key_total, key_off, fol_token, fol_count,
                 ctx_a, ctx_p, dyn_a, dyn_p, info, sub):
+    """The static cache is asked about a token's 2-gram only when the answer matters (a scan of two or
+    more followers, or the fall-back), and at most once per drafted token."""
     if n < 2:
         return 0
     d = 0
     n_fol = fol_token.shape[0]
+    n_keys = key_second.shape[0]
     while d < k:
         m = n + d
-        key = _static_key(first_off, key_second, buf[m - 2], buf[m - 1])
-        s_lo, s_hi = _follower_range(key_off, n_fol, key)
+        key = np.int64(-1)
+        s_lo = np.int64(-1 if n_keys else 0)  # -1: not looked up yet (an empty cache has nothing)
+        s_hi = np.int64(-1 if n_keys else 0)
         origin = 1
-        tok = _try_primary(buf, m, c_slots, c_keys, c_head, c_total, c_maxc, c_tok, c_cnt, c_next,
-                           ctx_a, ctx_p, key_off, fol_token, fol_count, s_lo, s_hi, sub)
+        tok = _try_primary(buf, m, 4, c_slots, c_keys, c_head, c_total, c_maxc, c_tok, c_cnt, c_next,
+                           ctx_a, ctx_p, fol_token, fol_count, s_lo, s_hi, sub)
+        if tok == _NEED_STATIC:
+            key, s_lo, s_hi = _static_part(first_off, key_second, key_off, n_fol, buf[m - 2], buf[m - 1])
+            tok = _try_primary(buf, m, sub[0], c_slots, c_keys, c_head, c_total, c_maxc, c_tok, c_cnt,
+                               c_next, ctx_a, ctx_p, fol_token, fol_count, s_lo, s_hi, sub)
         if tok < 0:
             origin = 2
-            tok = _try_primary(buf, m, d_slots, d_keys, d_head, d_total, d_maxc, d_tok, d_cnt, d_next,
-                               dyn_a, dyn_p, key_off, fol_token, fol_count, s_lo, s_hi, sub)
-        if tok < 0 and s_hi > s_lo:
-            origin = 3
-            best = key_best[key]
-            tot = np.int64(key_total[key])
-            cnt = _follower_count(key_off, fol_token, fol_count, key, best)
-            if tot >= 2 and 100 * cnt >= 50 * tot:
-                tok = best
-                sub[0] = 2
-                sub[1] = cnt
-                sub[2] = tot
+            tok = _try_primary(buf, m, 4, d_slots, d_keys, d_head, d_total, d_maxc, d_tok, d_cnt, d_next,
+                               dyn_a, dyn_p, fol_token, fol_count, s_lo, s_hi, sub)
+            if tok == _NEED_STATIC:
+                key, s_lo, s_hi = _static_part(first_off, key_second, key_off, n_fol, buf[m - 2],
+                                               buf[m - 1])
+                tok = _try_primary(buf, m, sub[0], d_slots, d_keys, d_head, d_total, d_maxc, d_tok, d_cnt,
+                                   d_next, dyn_a, dyn_p, fol_token, fol_count, s_lo, s_hi, sub)
+        if tok < 0:
+            if s_lo < 0:
+                key, s_lo, s_hi = _static_part(first_off, key_second, key_off, n_fol, buf[m - 2],
+                                               buf[m - 1])
+            if 0 <= key < n_keys and s_hi > s_lo:
+                best = key_draft[key]
+                if best >= 0:
+                    # key_draft passed these tests when the file was built; they are checked again
+                    # (on the rare drafting path only) so that a corrupt file cannot make the fall-back
+                    # draft a token that is not among the key's followers.
+                    origin = 3
+                    tot = np.int64(key_total[key])
+                    cnt = _search(fol_token, fol_count, s_lo, s_hi, best)
+                    if tot >= STATIC_MIN_TOTAL and 100 * cnt >= STATIC_MIN_PERCENT * tot:
+                        tok = best
+                        sub[0] = 2
+                        sub[1] = cnt
+                        sub[2] = tot
         if tok < 0:
             break
         if d == 0:
@@ -218,14 +258,14 @@ def _draft_core(buf, n, k,
 def _draft(buf, n, k,
            c_slots, c_keys, c_head, c_total, c_maxc, c_tok, c_cnt, c_next,
            d_slots, d_keys, d_head, d_total, d_maxc, d_tok, d_cnt, d_next,
-           first_off, key_second, key_best, key_total, key_off, fol_token, fol_count,
+           first_off, key_second, key_draft, key_total, key_off, fol_token, fol_count,
            ctx_a, ctx_p, dyn_a, dyn_p, info):
     """Write up to ``k`` drafted tokens at ``buf[n:]``; return how many. ``info`` gets the first's
     origin, n-gram size, count and total."""
     sub = np.zeros(3, dtype=np.int64)
     return _draft_core(buf, n, k, c_slots, c_keys, c_head, c_total, c_maxc, c_tok, c_cnt, c_next,
                        d_slots, d_keys, d_head, d_total, d_maxc, d_tok, d_cnt, d_next,
-                       first_off, key_second, key_best, key_total, key_off, fol_token, fol_count,
+                       first_off, key_second, key_draft, key_total, key_off, fol_token, fol_count,
                        ctx_a, ctx_p, dyn_a, dyn_p, info, sub)
 
 

@@ -6,11 +6,11 @@ corpus). Here the file *is* the index: opening it reads a 64-byte header and map
 memory it costs is the pages lookups touch. Seed 001's last two changes are built in: every key's
 followers are contiguous and sorted, and the key set is a flat read-only structure.
 
-Layout, version 1, all little-endian, every section 4-byte aligned::
+Layout, version 2, all little-endian, every section 4-byte aligned::
 
     0   magic        8 bytes  b"PLSTATIC"
-    8   version      u32      1
-    12  ngram_size   u32      2 (the only size version 1 stores)
+    8   version      u32      2
+    12  ngram_size   u32      2 (the only size this version stores)
     16  fingerprint  16 bytes tokenizer fingerprint, ASCII hex (promptlookup.fingerprint)
     32  n_vocab      u64      tokens of that vocabulary; every id in the file is below it
     40  n_keys       u64      distinct 2-grams (< 2**32)
@@ -19,16 +19,24 @@ Layout, version 1, all little-endian, every section 4-byte aligned::
     60  header_crc32 u32      zlib.crc32 of bytes 0..59
     64  first_off    u32[n_vocab + 1]  keys with first token t are first_off[t] .. first_off[t+1]
         key_second   i32[n_keys]       second token of each key, ascending within a first token
-        key_best     i32[n_keys]       the follower the static fall-back drafts (max count, then min id)
+        key_draft    i32[n_keys]       what the static fall-back drafts: the follower of max count (then
+                                       min id) when the key passes its thresholds (total >= 2 and that
+                                       follower >= 50 % of it), else -1
         key_total    u32[n_keys]       sum of the key's follower counts
         key_off      u32[n_keys + 1]   followers of key k are key_off[k] .. key_off[k+1]
         fol_token    i32[n_followers]  ascending within a key
         fol_count    u32[n_followers]  >= 1
 
 A lookup is one probe (``first_off[t0]``), a binary search for ``t1`` over the few keys that start
-with ``t0``, then a contiguous follower range: a binary search for a token's count. The size is
-64 + 4 (n_vocab + 1) + 16 n_keys + 4 + 8 n_followers bytes; llama.cpp's file is 20 n_keys + 8
-n_followers, so ours is smaller for any corpus with more than about n_vocab / 4 keys.
+with ``t0``, then a contiguous follower range: a binary search for a token's count. The static
+fall-back (the draft rule's last resort, tried for every token the context and dynamic caches do not
+draft) reads one word, ``key_draft``, and searches the followers only when it drafts: version 1 stored
+the best follower whatever its share (``key_best``), so every fall-back searched the followers for
+its count, mostly to find that it failed the 50 % test. Version 1 files are refused with a message
+to rebuild them (``promptlookup create``).
+
+The size is 64 + 4 (n_vocab + 1) + 16 n_keys + 4 + 8 n_followers bytes; llama.cpp's file is 20 n_keys
++ 8 n_followers, so ours is smaller for any corpus with more than about n_vocab / 4 keys.
 
 Trust, and why the body is not checked at open: :func:`open_static` checks the header (magic,
 version, header CRC, sizes, exact file length) and the tokenizer fingerprint, which costs well under a
@@ -58,7 +66,7 @@ from numba import njit
 from promptlookup.fileio import atomic_write
 
 MAGIC = b"PLSTATIC"
-VERSION = 1
+VERSION = 2
 NGRAM_SIZE = 2
 HEADER = struct.Struct("<8sII16sQQQII")
 HEADER_SIZE = HEADER.size  # 64
@@ -75,7 +83,7 @@ def _sizes(n_vocab: int, n_keys: int, n_fol: int) -> list[tuple[str, str, int]]:
     return [
         ("first_off", "<u4", n_vocab + 1),
         ("key_second", "<i4", n_keys),
-        ("key_best", "<i4", n_keys),
+        ("key_draft", "<i4", n_keys),
         ("key_total", "<u4", n_keys),
         ("key_off", "<u4", n_keys + 1),
         ("fol_token", "<i4", n_fol),
@@ -98,7 +106,7 @@ class StaticCache:
         self._mm = mm
         self.first_off = arrays["first_off"]
         self.key_second = arrays["key_second"]
-        self.key_best = arrays["key_best"]
+        self.key_draft = arrays["key_draft"]
         self.key_total = arrays["key_total"]
         self.key_off = arrays["key_off"]
         self.fol_token = arrays["fol_token"]
@@ -115,7 +123,7 @@ class StaticCache:
     @property
     def arrays(self) -> tuple[np.ndarray, ...]:
         """In the order the numba draft takes them."""
-        return (self.first_off, self.key_second, self.key_best, self.key_total, self.key_off,
+        return (self.first_off, self.key_second, self.key_draft, self.key_total, self.key_off,
                 self.fol_token, self.fol_count)
 
     def key_index(self, t0: int, t1: int) -> int:
@@ -146,7 +154,7 @@ class StaticCache:
 
     def close(self) -> None:
         # Arrays viewing the map must go before the map can close.
-        for name in ("first_off", "key_second", "key_best", "key_total", "key_off", "fol_token",
+        for name in ("first_off", "key_second", "key_draft", "key_total", "key_off", "fol_token",
                      "fol_count"):
             setattr(self, name, np.zeros(0, dtype=getattr(self, name).dtype))
         if self._mm is not None:
@@ -159,7 +167,7 @@ class StaticCache:
 def empty_static() -> StaticCache:
     z32 = np.zeros(0, dtype=np.int32)
     u = np.zeros(1, dtype=np.uint32)
-    return StaticCache({"first_off": u, "key_second": z32, "key_best": z32, "key_total": u[:0],
+    return StaticCache({"first_off": u, "key_second": z32, "key_draft": z32, "key_total": u[:0],
                         "key_off": u.copy(), "fol_token": z32, "fol_count": u[:0]}, 0, "")
 
 
@@ -258,10 +266,10 @@ def from_sorted_triples(t0: np.ndarray, t1: np.ndarray, fol: np.ndarray, count: 
         kstart = np.zeros(0, dtype=np.int64)
     n_keys = len(kstart)
     if n_fol > U32_MAX or n_keys > U32_MAX:
-        raise ValueError("the corpus is too large for static cache format v1 (2**32 followers)")
+        raise ValueError("the corpus is too large for the static cache format (2**32 followers)")
     totals = np.add.reduceat(np.asarray(count, dtype=np.int64), kstart) if n_keys else np.zeros(0, np.int64)
     if n_keys and totals.max() > U32_MAX:
-        raise ValueError("a 2-gram occurs more than 2**32 times: too large for static cache format v1")
+        raise ValueError("a 2-gram occurs more than 2**32 times: too large for the static cache format")
     key_off = np.empty(n_keys + 1, dtype=np.uint32)
     key_off[:-1] = kstart
     key_off[-1] = n_fol
@@ -273,7 +281,7 @@ def from_sorted_triples(t0: np.ndarray, t1: np.ndarray, fol: np.ndarray, count: 
     arrays = {
         "first_off": first_off,
         "key_second": np.asarray(t1, dtype=np.int32)[kstart],
-        "key_best": _best_followers(key_off, fol_token, fol_count),
+        "key_draft": _fallback_drafts(key_off, fol_token, fol_count),
         "key_total": totals.astype(np.uint32),
         "key_off": key_off,
         "fol_token": fol_token,
@@ -283,20 +291,25 @@ def from_sorted_triples(t0: np.ndarray, t1: np.ndarray, fol: np.ndarray, count: 
 
 
 @njit(cache=True)
-def _best_followers(key_off, fol_token, fol_count):
-    """Per key: the follower with the highest count, the lowest token id among equals."""
+def _fallback_drafts(key_off, fol_token, fol_count):
+    """Per key: what the static fall-back drafts, or -1. The candidate is the follower with the highest
+    count (the lowest token id among equals); it drafts when the key's total is at least
+    STATIC_MIN_TOTAL and its count at least STATIC_MIN_PERCENT % of that total."""
     n = key_off.shape[0] - 1
-    best = np.empty(n, dtype=np.int32)
+    draft = np.empty(n, dtype=np.int32)
     for k in range(n):
         b = -1
         bc = np.int64(0)
+        tot = np.int64(0)
         for j in range(np.int64(key_off[k]), np.int64(key_off[k + 1])):
             c = np.int64(fol_count[j])
+            tot += c
             if c > bc:  # tokens ascend, so a strict > keeps the lowest id among equal counts
                 bc = c
                 b = fol_token[j]
-        best[k] = b
-    return best
+        passes = tot >= STATIC_MIN_TOTAL and 100 * bc >= STATIC_MIN_PERCENT * tot
+        draft[k] = b if passes else -1
+    return draft
 
 
 # -- writing and opening -----------------------------------------------------------------------
@@ -354,8 +367,9 @@ def _open_mapped(path: Path, mm: mmap.mmap, size: int, fingerprint: str | None, 
     if magic != MAGIC:
         raise CacheFormatError(f"{path}: not a promptlookup static cache (bad magic {magic!r})")
     if version != VERSION:
+        hint = "; rebuild it from its corpus with `promptlookup create`" if version < VERSION else ""
         raise CacheFormatError(f"{path}: static cache version {version} is not supported "
-                               f"(this reads {VERSION})")
+                               f"(this reads {VERSION}){hint}")
     if zlib.crc32(head[:60]) != head_crc:
         raise CacheFormatError(f"{path}: static cache header is corrupt (checksum mismatch)")
     if ngram != NGRAM_SIZE:
@@ -424,8 +438,8 @@ def check_structure(c: StaticCache) -> str | None:
         totals = np.add.reduceat(c.fol_count.astype(np.int64), ko[:-1])
         if np.any(totals != c.key_total):
             return "a key total differs from the sum of its follower counts"
-        if np.any(_best_followers(c.key_off, c.fol_token, c.fol_count) != c.key_best):
-            return "a key's best follower is not its most frequent one"
+        if np.any(_fallback_drafts(c.key_off, c.fol_token, c.fol_count) != c.key_draft):
+            return "a key's fall-back draft is not its most frequent follower (or -1 when that fails)"
     return None
 
 
