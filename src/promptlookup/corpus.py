@@ -80,9 +80,16 @@ class VocabTokenizer:
         return out
 
     def close(self) -> None:
+        """Free the vocabulary; tokenizing afterwards is an error, never a dangling pointer."""
         if getattr(self, "_model", None):
             self._lib.llama_model_free(self._model)
             self._model = None
+            self._vocab = None
+
+    def _live_vocab(self):  # noqa: ANN202
+        if self._vocab is None:
+            raise ValueError(f"the tokenizer of {self.model_path} was closed")
+        return self._vocab
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # interpreter shutdown
@@ -90,8 +97,10 @@ class VocabTokenizer:
 
     def piece(self, token: int, special: bool = True) -> bytes:
         """The text of one token, as ``llama_cpp.Llama.detokenize([token])`` gives it."""
+        if not 0 <= token < self.n_vocab:
+            raise ValueError(f"token id {token} is outside the vocabulary (0..{self.n_vocab - 1})")
         buf = ctypes.create_string_buffer(64)
-        n = self._lib.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        n = self._lib.llama_token_to_piece(self._live_vocab(), token, buf, len(buf), 0, special)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
             n = self._lib.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
@@ -103,7 +112,8 @@ class VocabTokenizer:
     def tokenize(self, data: bytes, add_special: bool = True, parse_special: bool = True) -> np.ndarray:
         buf = np.empty(len(data) + 8, dtype=np.int32)
         ptr = buf.ctypes.data_as(ctypes.POINTER(self._lib.llama_token))
-        n = self._lib.llama_tokenize(self._vocab, data, len(data), ptr, len(buf), add_special, parse_special)
+        n = self._lib.llama_tokenize(self._live_vocab(), data, len(data), ptr, len(buf), add_special,
+                                     parse_special)
         if n < 0:  # cannot happen with one slot per byte plus specials, but never trust a length
             buf = np.empty(-n, dtype=np.int32)
             ptr = buf.ctypes.data_as(ctypes.POINTER(self._lib.llama_token))
@@ -121,8 +131,9 @@ class VocabTokenizer:
         user-defined and unknown tokens)."""
         lib = self._lib
         mask = lib.LLAMA_TOKEN_ATTR_CONTROL | lib.LLAMA_TOKEN_ATTR_USER_DEFINED | lib.LLAMA_TOKEN_ATTR_UNKNOWN
-        return sorted({lib.llama_vocab_get_text(self._vocab, t) for t in range(self.n_vocab)
-                       if lib.llama_vocab_get_attr(self._vocab, t) & mask} - {b"", None})
+        vocab = self._live_vocab()
+        return sorted({lib.llama_vocab_get_text(vocab, t) for t in range(self.n_vocab)
+                       if lib.llama_vocab_get_attr(vocab, t) & mask} - {b"", None})
 
 
 # -- splitting --------------------------------------------------------------------------------
