@@ -151,37 +151,25 @@ def _scan(buf, start, cls, tab_h, tab_e, e_off, e_len, e_tok, e_ntok, arena, n_e
             if buf[i] >= 128:
                 ascii_only = False
                 break
-        if not ascii_only:  # one opaque piece: llama.cpp tokenizes the whole segment
-            e = _insert(_hash(buf, pos, seg), buf, pos, seg, tab_h, tab_e, e_off, e_len, e_tok, e_ntok,
+        run = pos  # end of the digit-free run at pos, where llama.cpp's GPT-2 matcher works
+        while pos < seg:
+            if not ascii_only:  # one opaque piece: llama.cpp tokenizes the whole segment
+                end = seg
+            elif cls[buf[pos]] == 2:  # "\p{N}": every digit is its own piece
+                end = pos + 1
+            else:
+                if run <= pos:
+                    run = pos
+                    while run < seg and cls[buf[run]] != 2:
+                        run += 1
+                end = _gpt2_next(buf, cls, pos, run)
+            e = _insert(_hash(buf, pos, end), buf, pos, end, tab_h, tab_e, e_off, e_len, e_tok, e_ntok,
                         arena, n_ent, n_arena)
             if e < 0:
                 return pos
             out[n_out[0]] = e
             n_out[0] += 1
-            pos = seg
-            continue
-        while pos < seg:
-            if cls[buf[pos]] == 2:  # "\p{N}": every digit is its own piece
-                e = _insert(_hash(buf, pos, pos + 1), buf, pos, pos + 1, tab_h, tab_e, e_off, e_len, e_tok,
-                            e_ntok, arena, n_ent, n_arena)
-                if e < 0:
-                    return pos
-                out[n_out[0]] = e
-                n_out[0] += 1
-                pos += 1
-                continue
-            run = pos  # a run without digits: llama.cpp's GPT-2 matcher works inside it
-            while run < seg and cls[buf[run]] != 2:
-                run += 1
-            while pos < run:
-                end = _gpt2_next(buf, cls, pos, run)
-                e = _insert(_hash(buf, pos, end), buf, pos, end, tab_h, tab_e, e_off, e_len, e_tok, e_ntok,
-                            arena, n_ent, n_arena)
-                if e < 0:
-                    return pos
-                out[n_out[0]] = e
-                n_out[0] += 1
-                pos = end
+            pos = end
     return n
 
 
