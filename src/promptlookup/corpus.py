@@ -285,9 +285,14 @@ def _worker_init(model_path: str, kind: str = "memo") -> None:
     _WORKER = open_tokenizer(model_path, kind)
 
 
-def _worker_count(data: bytes, add_special: bool, bits: int) -> tuple:
+def _worker_tokens(data: bytes, add_special: bool) -> np.ndarray:
+    """A block's tokens in a worker process (``add_special`` for the stream's first block)."""
     assert _WORKER is not None
-    tokens = _WORKER.tokenize(data, add_special=add_special, parse_special=True)
+    return _WORKER.tokenize(data, add_special=add_special, parse_special=True)
+
+
+def _worker_count(data: bytes, add_special: bool, bits: int) -> tuple:
+    tokens = _worker_tokens(data, add_special)
     keys, counts = count_triples(tokens, bits)
     return keys, counts, tokens[:2].copy(), tokens[-2:].copy(), len(tokens)
 

@@ -26,11 +26,6 @@ from promptlookup.corpus import BLOCK, iter_blocks
 from promptlookup.drafting.corpus_index import build_suffix_array, write_index
 
 
-def _worker_tokens(data: bytes, add_special: bool) -> np.ndarray:
-    assert corpus._WORKER is not None
-    return corpus._WORKER.tokenize(data, add_special=add_special, parse_special=True)
-
-
 @dataclass
 class IndexStats:
     n_bytes: int = 0
@@ -70,7 +65,7 @@ def tokenize_corpus(paths: Sequence[str | os.PathLike[str]], model_path: str | o
         inflight: deque[tuple[Future, int]] = deque()
         first = True
         for data in iter_blocks(paths, block):
-            inflight.append((pool.submit(_worker_tokens, data, first), len(data)))
+            inflight.append((pool.submit(corpus._worker_tokens, data, first), len(data)))
             first = False
             while len(inflight) >= 2 * max(1, workers):
                 fut, nbytes = inflight.popleft()
