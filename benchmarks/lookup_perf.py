@@ -10,7 +10,8 @@ out as the replay text. Corpora of each size are prefixes of that stream cut at 
     .venv/bin/python benchmarks/lookup_perf.py --sizes 0 25 --runs 1   # a quick look
 
 llama.cpp's tools come from the llama.cpp vendored in the installed llama-cpp-python's source package,
-built once (on the first run, ~11 min on 2 cores) into ``~/.cache/promptlookup/llamacpp``. Both tools
+built once (on the first run, ~11 min on 2 cores) into ``~/.cache/promptlookup/llamacpp`` with set-up's
+safe ISA flags (``benchmarks/llama_tools.py``; ``-march=native`` dies by SIGILL on a CPU with AMX). Both tools
 read text as is (llama.cpp with ``--no-escape``). Per size and draft length: create time and peak RSS,
 cache bytes, load time, drafting microseconds per drafted token (llama.cpp's own ``t_draft / n_drafted``;
 ours: replay drafting time including cache updates / n_drafted), replay peak RSS, n_drafted, n_accept.
@@ -32,10 +33,11 @@ import sys
 import time
 from pathlib import Path
 
+import llama_tools
+
 HOLD_OUT = "pydantic"  # the replay text's package: never in any corpus
 REPLAY_BYTES = 1_500_000  # whole files of the held-out package up to this size (~340k tokens)
 DEFAULT_SIZES = (0, 25, 50, 100, 200)
-LLAMA_BIN = Path.home() / ".cache/promptlookup/llamacpp/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin"
 PY = sys.executable
 
 
@@ -126,31 +128,19 @@ def make_corpora(work: Path, sizes: list[int | str], save: bool = True) -> dict:
 
 
 # -- llama.cpp's tools -------------------------------------------------------------------------
-def ensure_llama_tools(bin_dir: Path) -> None:
-    """Build llama-lookup-create/-stats/-merge once from the llama.cpp vendored in the installed
-    llama-cpp-python's source package (pip download of the sdist, cmake; ~11 min on 2 cores)."""
-    tools = ("llama-lookup-create", "llama-lookup-stats", "llama-lookup-merge")
-    if all((bin_dir / t).is_file() for t in tools):
-        return
-    from importlib.metadata import version
+LOOKUP_TOOLS = ("llama-lookup-create", "llama-lookup-stats", "llama-lookup-merge")
 
-    ver = version("llama_cpp_python")
-    root = Path.home() / ".cache/promptlookup/llamacpp"
-    src = root / f"llama_cpp_python-{ver}" / "vendor" / "llama.cpp"
-    if bin_dir != src / "build" / "bin":
-        sys.exit(f"{bin_dir} lacks llama.cpp's lookup tools (the default --llama-bin builds them)")
-    root.mkdir(parents=True, exist_ok=True)
-    if not src.is_dir():
-        log(f"downloading the llama-cpp-python {ver} source package")
-        subprocess.run([PY, "-m", "pip", "download", f"llama-cpp-python=={ver}", "--no-binary", ":all:",
-                        "--no-deps", "-d", str(root)], check=True)
-        subprocess.run(["tar", "xzf", str(root / f"llama_cpp_python-{ver}.tar.gz"), "-C", str(root)],
-                       check=True)
-    log("building llama.cpp's lookup tools (about 11 minutes on 2 cores)")
-    subprocess.run(["cmake", "-S", str(src), "-B", str(src / "build"), "-DCMAKE_BUILD_TYPE=Release",
-                    "-DLLAMA_CURL=OFF"], check=True)
-    subprocess.run(["cmake", "--build", str(src / "build"), "-j", str(os.cpu_count() or 2), "--target",
-                    *tools], check=True)
+
+def ensure_llama_tools(bin_dir: Path | None) -> Path:
+    """llama-lookup-create/-stats/-merge: built once with set-up's safe ISA flags (llama_tools.py),
+    or taken from ``--llama-bin``."""
+    if bin_dir is not None:
+        missing = [t for t in LOOKUP_TOOLS if not (bin_dir / t).is_file()]
+        if missing:
+            sys.exit(f"{bin_dir} lacks llama.cpp's {', '.join(missing)} "
+                     "(leave --llama-bin out to build them)")
+        return bin_dir
+    return llama_tools.ensure_tools(LOOKUP_TOOLS)
 
 
 # -- measuring ----------------------------------------------------------------------------------
@@ -409,7 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3, help="runs per figure; the median is reported")
     ap.add_argument("--out", type=Path, default=Path.home() / ".cache/promptlookup/bench/lookup_perf",
                     help="results and corpora (outside the repo)")
-    ap.add_argument("--llama-bin", type=Path, default=LLAMA_BIN, help="llama.cpp's build/bin")
+    ap.add_argument("--llama-bin", type=Path, default=None,
+                    help="llama.cpp's build/bin (default: built once with set-up's safe ISA flags)")
     ap.add_argument("--model", default=str(bundled_model_path()), help="GGUF whose tokenizer both tools use")
     ap.add_argument("--threads", type=int, default=2, help="our create's worker processes")
     ap.add_argument("--lock", default="/tmp/pl-bench.lock", help="lock shared by every benchmark here")
@@ -422,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         info = make_corpora(args.out, [], save=False)
         print(json.dumps(ngram_per_call(args.model, info["replay"]["path"], args.lock)))
         return 0
-    ensure_llama_tools(args.llama_bin)
+    args.llama_bin = ensure_llama_tools(args.llama_bin)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "lookup_perf_runs.csv").unlink(missing_ok=True)
     info = make_corpora(args.out, args.sizes)

@@ -3,6 +3,6 @@
 # --ngram, printing the text and the speculation report.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh core
 prompt_file=benchmarks/workloads/copy_edit.txt
 exec .venv/bin/promptlookup generate --chat --ngram -n 256 -f "$prompt_file" "$@"

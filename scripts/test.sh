@@ -2,6 +2,6 @@
 # Install everything, then run the linter and the whole test suite (what CI runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-.venv/bin/ruff check src tests benchmarks
+bash scripts/setup.sh all
+.venv/bin/ruff check src tests benchmarks scripts
 .venv/bin/python -m pytest -q "$@"

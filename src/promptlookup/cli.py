@@ -107,6 +107,17 @@ def build_parser() -> argparse.ArgumentParser:
     cc.add_argument("-o", "--output", metavar="FILE", help="also write the curve to FILE (JSON)")
     cc.add_argument("--refresh", action="store_true", help="measure again even if a cached curve exists")
     cc.set_defaults(func=cmd_curve)
+    dr = sub.add_parser("doctor", help="check that llama.cpp runs correctly here and what a verify costs",
+                        description="Runs llama.cpp's smoke test in a child process (prefill, 9-token "
+                                    "verify, rollback, batched vs single-token rows) and reports the CPU, "
+                                    "the build's ISA, the verify cost curve and a verdict. Exit 0 when "
+                                    "healthy.")
+    dr.add_argument("-m", "--model", help="GGUF model for the smoke test (default: the bundled model)")
+    dr.add_argument("-t", "--threads", type=_int_in(1, None, "--threads"),
+                    help="CPU threads (default: the cores available)")
+    dr.add_argument("--smoke-only", action="store_true",
+                    help="only the smoke test, one line (what set-up runs)")
+    dr.set_defaults(func=cmd_doctor)
     return parser
 
 
@@ -218,8 +229,10 @@ def _load_backend(args: argparse.Namespace):
         path = Path(args.model) if args.model and Path(args.model).is_dir() else resolve_model(args.model)
         return TransformersBackend(path, n_ctx=args.ctx_size, n_threads=args.threads)
     from promptlookup.backends.llama_cpp import LlamaCppBackend
+    from promptlookup.doctor import ensure_build_checked
 
     path = resolve_model(args.model)
+    ensure_build_checked(path, args.threads)  # once per installed build, in a child process
     return LlamaCppBackend(path, n_ctx=args.ctx_size, n_threads=args.threads)
 
 
@@ -482,6 +495,12 @@ def cmd_curve(args: argparse.Namespace) -> int:
     if args.output:
         curve.save(args.output)
     return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from promptlookup.doctor import run_doctor
+
+    return run_doctor(args.model, args.threads, args.smoke_only)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -42,7 +42,11 @@ class LlamaCppBackend:
         n_batch: int = DEFAULT_N_BATCH,
         record_logits: bool = False,
     ) -> None:
-        import llama_cpp  # deferred: importing it loads the shared library
+        try:
+            import llama_cpp  # deferred: importing it loads the shared library
+        except (ImportError, OSError, RuntimeError) as exc:
+            raise BackendError(f"the llama.cpp library could not be loaded ({exc}); "
+                               "run 'promptlookup doctor', and scripts/setup.sh to reinstall") from exc
 
         self._lib = llama_cpp
         self.model_path = Path(model_path)

@@ -1,0 +1,70 @@
+"""llama.cpp's own programs (lookup tools, later llama-server), built for the benchmarks' peers.
+
+Why a module: every benchmark that runs llama.cpp's programs beside ours needs them built from the
+llama.cpp vendored in the installed llama-cpp-python's source package, with the same safe ISA flags
+set-up uses (``scripts/llama_build.py``: the host's extensions named one by one, never AMX, whose
+ggml kernel dies by SIGILL in this version). ``-march=native`` would build llama-lookup-create so that
+it dies in its warm-up decode on a CPU with AMX. Builds are cached outside the repository, one build
+folder per set of flags, in ``~/.cache/promptlookup/llamacpp``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+ROOT = Path.home() / ".cache" / "promptlookup" / "llamacpp"
+_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "llama_build.py"
+
+
+def _llama_build():
+    spec = importlib.util.spec_from_file_location("llama_build", _SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("llama_build", mod)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _log(msg: str) -> None:
+    print(f"[llama_tools] {msg}", file=sys.stderr, flush=True)
+
+
+def source_dir() -> Path:
+    """The vendored llama.cpp of the installed llama-cpp-python version (downloaded and unpacked once)."""
+    ver = version("llama_cpp_python")
+    src = ROOT / f"llama_cpp_python-{ver}" / "vendor" / "llama.cpp"
+    if not src.is_dir():
+        ROOT.mkdir(parents=True, exist_ok=True)
+        _log(f"downloading the llama-cpp-python {ver} source package")
+        subprocess.run([sys.executable, "-m", "pip", "download", f"llama-cpp-python=={ver}", "--no-binary",
+                        ":all:", "--no-deps", "-d", str(ROOT)], check=True)
+        subprocess.run(["tar", "xzf", str(ROOT / f"llama_cpp_python-{ver}.tar.gz"), "-C", str(ROOT)],
+                       check=True)
+    return src
+
+
+def bin_dir(mode: str = "host") -> Path:
+    """Where the programs of this build mode live (the folder name carries the flags' key)."""
+    lb = _llama_build()
+    return source_dir() / f"build-{lb.plan(mode, ROOT).key}" / "bin"
+
+
+def ensure_tools(targets: tuple[str, ...], mode: str = "host") -> Path:
+    """Build ``targets`` (e.g. ``llama-lookup-create``) once; return their bin folder."""
+    lb = _llama_build()
+    build = lb.plan(mode, ROOT)
+    out = bin_dir(mode)
+    if all((out / t).is_file() for t in targets):
+        return out
+    src = source_dir()
+    build_dir = out.parent
+    _log(f"building {', '.join(targets)} ({mode} ISA, key {build.key}; ~10 min on 2 cores)")
+    subprocess.run(["cmake", "-S", str(src), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
+                    "-DLLAMA_CURL=OFF", *build.args], check=True)
+    subprocess.run(["cmake", "--build", str(build_dir), "-j", str(os.cpu_count() or 2), "--target",
+                    *targets], check=True)
+    return out

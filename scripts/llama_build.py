@@ -1,0 +1,276 @@
+#!/usr/bin/env python3
+"""Set-up's llama.cpp step: build llama-cpp-python safely for this CPU and prove the build works.
+
+Why this exists: llama-cpp-python ships only as source and compiles llama.cpp for the host. With
+``-march=native`` the build switches on every ISA extension the CPU reports, AMX included, and the
+AMX matmul of the ggml vendored in llama-cpp-python 0.3.36 dies by SIGILL on the first multi-token
+decode (llama.cpp PR #26954). So on x86-64 the build names each extension itself (``GGML_NATIVE``
+off), from what the CPU reports, minus those known to be broken upstream (:data:`BROKEN_ISA`).
+
+The wheel is kept in a wheelhouse keyed by everything that decides its bytes (package version, the
+CMake arguments, the compiler), so a wheel built with other flags is never reused. After install,
+set-up runs the smoke test (``promptlookup doctor --smoke-only``: prefill, a 9-token verify,
+rollback, batched rows against single-token rows) in a child process. If it fails, set-up says how in
+one line, rebuilds once with a conservative ISA set (AVX2/FMA/F16C), proves that build, and fails with
+a clear message if that dies too. A build that failed its smoke test is remembered in its wheelhouse
+folder, so the next set-up goes straight to the conservative one.
+
+Runs on the system Python (standard library only), before promptlookup is importable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+TORCH_VERSION = "2.13.0"
+
+#: ggml ISA options whose code is broken upstream in the vendored version: always built off.
+BROKEN_ISA = ("AMX_TILE", "AMX_INT8", "AMX_BF16")
+#: ggml ISA option -> the /proc/cpuinfo flags it needs (all of them).
+HOST_ISA: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("SSE42", ("sse4_2",)),
+    ("AVX", ("avx",)),
+    ("AVX2", ("avx2",)),
+    ("FMA", ("fma",)),
+    ("F16C", ("f16c",)),
+    ("BMI2", ("bmi2",)),
+    ("AVX_VNNI", ("avx_vnni",)),
+    ("AVX512", ("avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw")),
+    ("AVX512_VBMI", ("avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw", "avx512vbmi")),
+    ("AVX512_VNNI", ("avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw", "avx512_vnni")),
+    ("AVX512_BF16", ("avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw", "avx512_bf16")),
+)
+#: the fall-back when the host build fails its smoke test: what every x86-64 CPU since 2013 has.
+CONSERVATIVE_ISA = frozenset({"SSE42", "AVX", "AVX2", "FMA", "F16C"})
+MODES = ("host", "conservative")
+FAILED_MARK = "SMOKE_FAILED"
+INSTALLED_MARK = "llama-build-key"  # in the venv: which wheelhouse key is installed there
+
+
+def log(msg: str) -> None:
+    print(f"setup: {msg}", file=sys.stderr, flush=True)
+
+
+# -- what to build ------------------------------------------------------------------------------
+def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
+    """The ISA flags of the first CPU in ``/proc/cpuinfo`` (empty where there is none)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return frozenset()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def cmake_args(mode: str, flags: frozenset[str], machine: str | None = None) -> list[str]:
+    """CMake arguments for llama.cpp: ``host`` (the CPU's extensions minus the broken ones) or
+    ``conservative`` (AVX2/FMA/F16C). Off x86-64 the native build is kept (nothing known broken)."""
+    if mode not in MODES:
+        raise ValueError(f"unknown build mode {mode!r} (one of {', '.join(MODES)})")
+    machine = machine or platform.machine()
+    if machine not in ("x86_64", "AMD64"):
+        return ["-DGGML_NATIVE=ON"]
+    args = ["-DGGML_NATIVE=OFF"] + [f"-DGGML_{name}=OFF" for name in BROKEN_ISA]
+    for name, needs in HOST_ISA:
+        on = name in CONSERVATIVE_ISA if mode == "conservative" else all(f in flags for f in needs)
+        args.append(f"-DGGML_{name}={'ON' if on else 'OFF'}")
+    return args
+
+
+def compiler_id() -> str:
+    """The first line of ``cc --version``: another compiler can emit other instructions."""
+    for cc in (os.environ.get("CC"), "cc", "gcc"):
+        if not cc:
+            continue
+        try:
+            out = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
+        except (OSError, subprocess.CalledProcessError):
+            continue
+        return out.splitlines()[0].strip() if out else cc
+    return "unknown-compiler"
+
+
+def wheelhouse_key(version: str, args: Sequence[str], compiler: str) -> str:
+    """12 hex digits over everything that decides the wheel's bytes."""
+    text = "\n".join([f"llama-cpp-python=={version}", *args, compiler])
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class Build:
+    mode: str
+    args: tuple[str, ...]
+    key: str
+    folder: Path
+
+    def wheel(self) -> Path | None:
+        found = sorted(self.folder.glob(f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}-*.whl"))
+        return found[-1] if found else None
+
+    @property
+    def failed(self) -> bool:
+        return (self.folder / FAILED_MARK).exists()
+
+
+def plan(mode: str, wheelhouse_root: Path, flags: frozenset[str] | None = None,
+         compiler: str | None = None, machine: str | None = None) -> Build:
+    args = tuple(cmake_args(mode, cpu_flags() if flags is None else flags, machine))
+    key = wheelhouse_key(LLAMA_CPP_PYTHON_VERSION, args, compiler or compiler_id())
+    return Build(mode, args, key, wheelhouse_root / key)
+
+
+# -- doing it -----------------------------------------------------------------------------------
+def pip(python: str, *args: str, env: dict[str, str] | None = None) -> None:
+    cmd = [python, "-m", "pip", "--disable-pip-version-check", *args]
+    subprocess.run(cmd, check=True, env=env)
+
+
+def build_wheel(python: str, build: Build) -> Path:
+    """Compile llama-cpp-python with ``build.args`` (``--no-cache-dir``: pip's wheel cache ignores
+    CMAKE_ARGS and would hand back a wheel built with other flags)."""
+    build.folder.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, CMAKE_ARGS=" ".join(build.args),
+               CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2))
+    log(f"building llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} from source, {build.mode} ISA "
+        f"(once per build key {build.key}; ~5-8 min on 2 cores)")
+    log(f"  CMAKE_ARGS={shlex.join(build.args)}")
+    pip(python, "wheel", "--quiet", "--no-deps", "--no-cache-dir", "-w", str(build.folder),
+        f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", env=env)
+    (build.folder / "cmake-args.txt").write_text(" ".join(build.args) + "\n", encoding="utf-8")
+    wheel = build.wheel()
+    if wheel is None:
+        raise SystemExit(f"setup: error: pip wheel wrote no llama-cpp-python wheel into {build.folder}")
+    return wheel
+
+
+def install_wheel(python: str, venv: Path, build: Build) -> None:
+    """Install ``build``'s wheel unless the venv already has exactly that build."""
+    mark = venv / INSTALLED_MARK
+    if mark.is_file() and mark.read_text(encoding="utf-8").strip() == build.key:
+        return
+    wheel = build.wheel() or build_wheel(python, build)
+    log(f"installing {wheel.name} (build key {build.key})")
+    pip(python, "install", "--quiet", "--force-reinstall", "--no-deps", str(wheel))
+    mark.write_text(build.key + "\n", encoding="utf-8")
+
+
+def install_project(python: str, wheelhouse: Path, extras: str) -> None:
+    """The package itself: ``core`` for the main job, ``all`` adds the test and transformers extras
+    (torch goes first and pinned: its CPU build is on local disk, an unpinned one pulls CUDA)."""
+    if extras == "all":
+        log(f"installing torch {TORCH_VERSION} (CPU build)")
+        pip(python, "install", "--quiet", f"torch=={TORCH_VERSION}")
+        spec = ".[test,transformers]"
+        pins = [f"torch=={TORCH_VERSION}"]
+    else:
+        spec, pins = ".", []
+    log(f"installing promptlookup (editable, {'core' if extras == 'core' else 'test + transformers'})")
+    pip(python, "install", "--quiet", "--find-links", str(wheelhouse),
+        f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", *pins, "-e", spec)
+
+
+@dataclass(frozen=True)
+class SmokeResult:
+    ok: bool
+    line: str
+
+
+def run_smoke(python: str) -> SmokeResult:
+    """``promptlookup doctor --smoke-only``: it runs the smoke test in a child of its own and prints
+    one line (which signal, which step, or which check failed)."""
+    proc = subprocess.run([python, "-m", "promptlookup", "doctor", "--smoke-only"],
+                          capture_output=True, text=True)
+    text = (proc.stdout.strip().splitlines() or [""])[-1] or (proc.stderr.strip().splitlines() or [""])[-1]
+    if proc.returncode < 0:  # the doctor itself died: should not happen, the child is the one at risk
+        text = f"the smoke test's parent died by signal {-proc.returncode}: {text}"
+    return SmokeResult(proc.returncode == 0, text or f"exit status {proc.returncode}")
+
+
+def ensure_llama(python: str, venv: Path, wheelhouse_root: Path,
+                 smoke: Callable[[str], SmokeResult] = run_smoke,
+                 install: Callable[[str, Path, Build], None] = install_wheel,
+                 plans: Callable[[str], Build] | None = None) -> Build:
+    """Install a llama.cpp build that passes the smoke test: the host build, else the conservative
+    one. Raises SystemExit with the reason when neither passes."""
+    plans = plans or (lambda mode: plan(mode, wheelhouse_root))
+    host = plans("host")
+    candidates = [host] if host.args == plans("conservative").args else [host, plans("conservative")]
+    last = ""
+    for i, build in enumerate(candidates):
+        if build.failed and i + 1 < len(candidates):
+            log(f"the {build.mode} build (key {build.key}) failed its smoke test before; "
+                f"using the {candidates[i + 1].mode} build")
+            continue
+        install(python, venv, build)
+        result = smoke(python)
+        if result.ok:
+            log(f"smoke test passed ({build.mode} build, key {build.key}): {result.line}")
+            return build
+        last = result.line
+        log(f"smoke test FAILED on the {build.mode} build (key {build.key}): {result.line}")
+        build.folder.mkdir(parents=True, exist_ok=True)
+        (build.folder / FAILED_MARK).write_text(result.line + "\n", encoding="utf-8")
+        if i + 1 < len(candidates):
+            log(f"rebuilding once with the {candidates[i + 1].mode} ISA set "
+                f"({', '.join(sorted(CONSERVATIVE_ISA))})")
+    raise SystemExit(f"setup: error: llama.cpp does not run on this machine even when built for "
+                     f"{', '.join(sorted(CONSERVATIVE_ISA))} only: {last}. "
+                     f"Run '.venv/bin/promptlookup doctor' for details.")
+
+
+def default_wheelhouse() -> Path:
+    root = os.environ.get("PROMPTLOOKUP_WHEELHOUSE")
+    return Path(root) if root else Path.home() / ".cache" / "promptlookup" / "wheelhouse"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = ap.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("setup", help="install llama.cpp (safe build, proven) and promptlookup into a venv")
+    s.add_argument("--venv", type=Path, default=Path(".venv"))
+    s.add_argument("--extras", choices=("core", "all"), default="all")
+    a = sub.add_parser("cmake-args", help="print the CMake arguments for a build mode")
+    a.add_argument("mode", choices=MODES)
+    k = sub.add_parser("key", help="print the wheelhouse key for a build mode")
+    k.add_argument("mode", choices=MODES)
+    args = ap.parse_args(argv)
+
+    if args.command == "cmake-args":
+        print(" ".join(cmake_args(args.mode, cpu_flags())))
+        return 0
+    if args.command == "key":
+        print(plan(args.mode, default_wheelhouse()).key)
+        return 0
+    python = str(args.venv / "bin" / "python")
+    wheelhouse = default_wheelhouse()
+    build = ensure_llama_before_project(python, args.venv, wheelhouse, args.extras)
+    log(f"ready: llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} ({build.mode} build {build.key}), "
+        f"promptlookup installed in {args.venv}")
+    return 0
+
+
+def ensure_llama_before_project(python: str, venv: Path, wheelhouse_root: Path, extras: str) -> Build:
+    """Install order: the llama.cpp wheel (so pip never builds one itself), then the project, then
+    the proof (the smoke test needs promptlookup installed)."""
+    host = plan("host", wheelhouse_root)
+    first = host if not host.failed else plan("conservative", wheelhouse_root)
+    install_wheel(python, venv, first)
+    install_project(python, first.folder, extras)
+    return ensure_llama(python, venv, wheelhouse_root)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

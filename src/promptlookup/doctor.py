@@ -1,0 +1,284 @@
+"""``promptlookup doctor``: is this llama.cpp build safe here, and what do speed figures mean here?
+
+Why: llama.cpp compiles for the host, and a build can die by SIGILL in the multi-token decode that
+speculation depends on (ggml's AMX path did). A signal cannot be caught in the process it kills, so
+the smoke test (:mod:`promptlookup.backends.llama_cpp_smoke`) always runs in a child process; this
+module starts it, names the signal and the step when it dies, and puts what a user needs to trust a
+speed figure beside the verdict: CPU model and ISA flags, the ISA llama.cpp was built with, whether
+the installed ``libggml-cpu`` holds AMX instructions, threads, and the measured verify cost curve.
+
+The CLI runs the same smoke test once per installed llama.cpp build before its first real use (the
+result is stamped in the cache folder), so a broken build gives a one-line reason pointing here
+instead of a bare "Illegal instruction".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from promptlookup.backends.base import BackendError
+
+SMOKE_TIMEOUT_S = 600.0
+#: AMX mnemonics as objdump prints them: tile config, loads/stores and the tile dot products.
+AMX_MNEMONICS = ("tilezero", "ldtilecfg", "sttilecfg", "tileloadd", "tileloaddt1", "tilestored",
+                 "tilerelease", "tdpbssd", "tdpbsud", "tdpbusd", "tdpbuud", "tdpbf16ps", "tdpfp16ps")
+#: CPU flags worth showing (the ones llama.cpp's kernels are built from), in this order.
+SHOWN_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "bmi2", "avx_vnni", "avx512f", "avx512bw",
+               "avx512vl", "avx512vbmi", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
+               "amx_int8", "amx_bf16")
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("PROMPTLOOKUP_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "promptlookup"
+
+
+# -- running the child ----------------------------------------------------------------------------
+@dataclass
+class SmokeOutcome:
+    """What the child did: ``ok``, or how it failed (``signal`` name and ``step``, or ``failure``)."""
+
+    ok: bool
+    step: str = ""
+    signal: str | None = None
+    failure: str | None = None
+    returncode: int = 0
+    result: dict[str, Any] = field(default_factory=dict)
+    stderr_tail: str = ""
+
+    def line(self) -> str:
+        """One line saying what happened."""
+        if self.ok:
+            r = self.result
+            return (f"passed: prefill, verify of {r.get('rows', '?')} tokens, rollback; batched rows within "
+                    f"{r.get('max_rel_diff', 0.0):.1%} of single-token rows, argmax agreeing on "
+                    f"{r.get('argmax_agree', '?')}/{r.get('rows', '?')}")
+        if self.signal:
+            return f"llama.cpp died by {self.signal} during step '{self.step}'"
+        if self.failure:
+            return f"wrong result: {self.failure}"
+        tail = f": {self.stderr_tail}" if self.stderr_tail else ""
+        return f"the smoke test exited with status {self.returncode} during step '{self.step}'{tail}"
+
+
+def parse_child(returncode: int, stdout: str, stderr: str = "") -> SmokeOutcome:
+    """Read the child's ``step:`` and ``result:`` lines (see the smoke module)."""
+    step, result = "start the child", None
+    for line in stdout.splitlines():
+        if line.startswith("step: "):
+            step = line[6:].strip()
+        elif line.startswith("result: "):
+            try:
+                result = json.loads(line[8:])
+            except json.JSONDecodeError:
+                result = None
+    tail = (stderr.strip().splitlines() or [""])[-1][:300]
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return SmokeOutcome(False, step, signal=name, returncode=returncode, stderr_tail=tail)
+    if result is not None and "failure" in result:
+        return SmokeOutcome(False, step, failure=str(result["failure"]), returncode=returncode,
+                            result=result)
+    if returncode != 0 or result is None:
+        return SmokeOutcome(False, step, returncode=returncode, stderr_tail=tail)
+    return SmokeOutcome(True, step, returncode=0, result=result)
+
+
+def run_smoke_child(model: str | os.PathLike[str], threads: int | None = None, curve: bool = False,
+                    timeout: float = SMOKE_TIMEOUT_S, command: list[str] | None = None) -> SmokeOutcome:
+    """Run the smoke test in a child process (``command`` replaces it in tests)."""
+    cmd = command or [sys.executable, "-m", "promptlookup.backends.llama_cpp_smoke", "--model", str(model)]
+    if command is None and threads:
+        cmd += ["--threads", str(threads)]
+    if command is None and curve:
+        cmd.append("--curve")
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        o = parse_child(1, out)
+        o.failure = f"no answer within {timeout:.0f} s (step '{o.step}')"
+        return o
+    return parse_child(proc.returncode, proc.stdout, proc.stderr)
+
+
+# -- what the machine and the build are -----------------------------------------------------------
+def cpu_info(cpuinfo: str | None = None) -> tuple[str, list[str]]:
+    """The CPU's model name and its flags (all of them)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            cpuinfo = ""
+    model, flags = "unknown CPU", []
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and model == "unknown CPU":
+            model = value.strip()
+        elif key.strip() == "flags" and not flags:
+            flags = value.split()
+    return model, flags
+
+
+def llama_library_dir() -> Path | None:
+    """``llama_cpp/lib`` of the installed llama-cpp-python, found without loading the library."""
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    lib = Path(next(iter(spec.submodule_search_locations))) / "lib"
+    return lib if lib.is_dir() else None
+
+
+def library_fingerprint() -> str | None:
+    """Names, sizes and mtimes of the installed llama.cpp libraries: a new build, a new print."""
+    lib = llama_library_dir()
+    if lib is None:
+        return None
+    parts = [f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in sorted(lib.glob("*.so*"))
+             if p.is_file() and not p.is_symlink()]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16] if parts else None
+
+
+def amx_instruction_count(library: Path) -> int | None:
+    """AMX instructions in ``library`` by ``objdump -d`` (None where objdump is missing)."""
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        return None
+    proc = subprocess.run([objdump, "-d", "--no-show-raw-insn", str(library)], capture_output=True,
+                          text=True, check=True)
+    wanted = set(AMX_MNEMONICS)
+    count = 0
+    for line in proc.stdout.splitlines():
+        fields = line.split("\t")
+        if len(fields) >= 2 and fields[1].split(" ", 1)[0].strip() in wanted:
+            count += 1
+    return count
+
+
+def cpu_library() -> Path | None:
+    lib = llama_library_dir()
+    if lib is None:
+        return None
+    found = sorted(lib.glob("libggml-cpu*.so*"))
+    return found[0] if found else None
+
+
+# -- the stamp: checked once per build --------------------------------------------------------------
+def _stamp_path(fingerprint: str) -> Path:
+    return _cache_dir() / "health" / f"llama-cpp-{fingerprint}.ok"
+
+
+def record_healthy() -> None:
+    from promptlookup.fileio import atomic_write_text
+
+    fp = library_fingerprint()
+    if fp is not None:
+        atomic_write_text(_stamp_path(fp), "smoke test passed\n")
+
+
+def ensure_build_checked(model: str | os.PathLike[str], threads: int | None = None,
+                         runner=run_smoke_child) -> None:
+    """Before the first use of an installed llama.cpp build, run the smoke test in a child process.
+
+    The test runs on the bundled model where it is installed (it checks the build, not the model),
+    else on ``model``. Raises :class:`BackendError` with the reason (and where to look) when the child
+    dies or computes wrong logits; a passing build is stamped and never checked again.
+    """
+    from promptlookup.models import ModelError, bundled_model_path
+
+    fp = library_fingerprint()
+    if fp is None:
+        raise BackendError("llama-cpp-python is not installed (or has no library folder); "
+                           "run scripts/setup.sh, then 'promptlookup doctor'")
+    if _stamp_path(fp).is_file():
+        return
+    print("promptlookup: first use of this llama.cpp build: checking it in a child process "
+          "(a few seconds, once)", file=sys.stderr)
+    try:
+        smoke_model: str | os.PathLike[str] = bundled_model_path()
+    except ModelError:
+        smoke_model = model
+    outcome = runner(smoke_model, threads)
+    if not outcome.ok:
+        raise BackendError(f"this llama.cpp build does not run correctly here ({outcome.line()}); "
+                           "run 'promptlookup doctor' for the details, and scripts/setup.sh to rebuild")
+    record_healthy()
+
+
+# -- the report ---------------------------------------------------------------------------------------
+def verdict(relative: list[float]) -> str:
+    """One line from the relative verify costs (``relative[n - 1]`` = cost of n tokens / decode)."""
+    n = len(relative)
+    widest = relative[-1]
+    need3 = relative[3] if n >= 4 else None
+    head = f"a verify of {n} tokens costs {widest:.1f} decodes here"
+    if widest >= 4.0:
+        tail = "speculation pays only on long accepted drafts"
+    elif widest >= 2.0:
+        tail = "speculation pays where drafts are mostly accepted"
+    else:
+        tail = "verifying is nearly free: drafting pays almost whenever a draft is offered"
+    if need3 is not None:
+        tail += f" (a 3-token draft pays once it averages more than {need3:.2f} tokens per verify)"
+    return f"{head}: {tail}"
+
+
+def run_doctor(model: str | os.PathLike[str] | None, threads: int | None, smoke_only: bool,
+               out=print) -> int:
+    """Print the report; 0 when healthy, 3 when the smoke test failed, 2 when it could not run."""
+    from promptlookup.models import resolve_model
+
+    model_path = resolve_model(model)
+    if not smoke_only:
+        name, flags = cpu_info()
+        shown = [f for f in SHOWN_FLAGS if f in flags]
+        out(f"cpu: {name}; {os.cpu_count() or '?'} logical cores, "
+            f"{len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else '?'} available")
+        out(f"cpu ISA flags: {' '.join(shown) or '(none of interest)'}")
+        lib = cpu_library()
+        if lib is None:
+            out("llama.cpp library: not installed")
+            return 2
+        count = amx_instruction_count(lib)
+        amx = ("not checked (objdump missing)" if count is None
+               else "none" if count == 0 else f"{count} (this build can die by SIGILL in ggml's AMX matmul)")
+        out(f"llama.cpp library: {lib}; AMX instructions: {amx}")
+    outcome = run_smoke_child(model_path, threads, curve=not smoke_only)
+    if smoke_only:
+        out(f"smoke test {outcome.line()}")
+        if outcome.ok:
+            record_healthy()
+        return 0 if outcome.ok else 3
+    r = outcome.result
+    if r.get("system_info"):
+        out(f"llama.cpp built with: {r['system_info']}")
+    out(f"smoke test ({model_path.name}): {outcome.line()}")
+    if not outcome.ok:
+        out("verdict: UNHEALTHY: this llama.cpp build cannot be trusted here; rebuild with scripts/setup.sh "
+            "(it falls back to an AVX2-only build when the host build fails)")
+        return 3
+    record_healthy()
+    out(f"threads: {r.get('threads')}")
+    seconds = r.get("curve_seconds") or []
+    if seconds:
+        rel = [s / seconds[0] for s in seconds]
+        out("verify cost curve: " + " ".join(f"{i + 1}:{x:.2f}x" for i, x in enumerate(rel)))
+        out("verify seconds:    " + " ".join(f"{i + 1}:{s * 1000:.1f}ms" for i, s in enumerate(seconds)))
+        out(f"verdict: healthy; {verdict(rel)}")
+    else:
+        out("verdict: healthy")
+    return 0

@@ -1,0 +1,154 @@
+"""promptlookup doctor and the llama.cpp smoke test: the child-process protocol, the once-per-build
+stamp, the verdict, the AMX scan, and the smoke test itself on the real model."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import requires_model
+
+from promptlookup import doctor
+from promptlookup.backends.base import BackendError
+from promptlookup.backends.llama_cpp_smoke import SmokeFailure, compare_rows
+
+SIGILL_CHILD = ("import os, signal\n"
+                "print('step: prefill 300 tokens', flush=True)\n"
+                "print('step: verify 9 tokens', flush=True)\n"
+                "os.kill(os.getpid(), signal.SIGILL)\n")
+
+
+def test_a_child_killed_by_sigill_is_named_with_its_step():
+    out = doctor.run_smoke_child("unused.gguf", command=[sys.executable, "-c", SIGILL_CHILD])
+    assert not out.ok
+    assert out.signal == "SIGILL"
+    assert out.step == "verify 9 tokens"
+    assert out.line() == "llama.cpp died by SIGILL during step 'verify 9 tokens'"
+
+
+def test_parse_child_outcomes():
+    ok = doctor.parse_child(
+        0, 'step: load the model\nresult: {"rows": 9, "argmax_agree": 9, "max_rel_diff": 0.02}\n')
+    assert ok.ok and ok.result["rows"] == 9
+    assert ok.line() == ("passed: prefill, verify of 9 tokens, rollback; batched rows within 2.0% of "
+                         "single-token rows, argmax agreeing on 9/9")
+    wrong = doctor.parse_child(1, 'step: compare batched and single rows\nresult: {"failure": "row 3 off"}\n')
+    assert not wrong.ok and wrong.line() == "wrong result: row 3 off"
+    died = doctor.parse_child(-11, "step: prefill 300 tokens\n")
+    assert died.line() == "llama.cpp died by SIGSEGV during step 'prefill 300 tokens'"
+    silent = doctor.parse_child(1, "step: load the model\n", "Traceback...\nImportError: no llama_cpp\n")
+    assert silent.line() == ("the smoke test exited with status 1 during step 'load the model': "
+                             "ImportError: no llama_cpp")
+    # exit 0 without a result line is not a pass
+    assert not doctor.parse_child(0, "step: load the model\n").ok
+
+
+def test_the_build_is_checked_once_and_a_failure_names_the_doctor(tmp_path, monkeypatch):
+    monkeypatch.setenv("PROMPTLOOKUP_CACHE", str(tmp_path))
+    monkeypatch.setattr(doctor, "library_fingerprint", lambda: "0123456789abcdef")
+    calls = []
+
+    def failing(model, threads):
+        calls.append(model)
+        return doctor.parse_child(-4, "step: verify 9 tokens\n")
+
+    with pytest.raises(BackendError) as err:
+        doctor.ensure_build_checked("m.gguf", runner=failing)
+    assert "died by SIGILL during step 'verify 9 tokens'" in str(err.value)
+    assert "promptlookup doctor" in str(err.value)
+    assert not list(tmp_path.rglob("*.ok"))  # a failure is never stamped: it is checked again
+
+    def passing(model, threads):
+        calls.append(model)
+        return doctor.parse_child(0, 'result: {"rows": 9}\n')
+
+    doctor.ensure_build_checked("m.gguf", runner=passing)
+    doctor.ensure_build_checked("m.gguf", runner=passing)  # stamped: the runner is not called again
+    assert len(calls) == 2
+    assert [p.name for p in tmp_path.rglob("*.ok")] == ["llama-cpp-0123456789abcdef.ok"]
+
+
+def test_verdict_lines():
+    assert doctor.verdict([1.0, 1.4, 2.1, 2.0, 2.2, 2.9, 3.7, 3.6, 5.8]) == (
+        "a verify of 9 tokens costs 5.8 decodes here: speculation pays only on long accepted drafts "
+        "(a 3-token draft pays once it averages more than 2.00 tokens per verify)")
+    assert doctor.verdict([1.0] * 9).startswith(
+        "a verify of 9 tokens costs 1.0 decodes here: verifying is nearly free")
+    assert "mostly accepted" in doctor.verdict([1.0, 1.5, 2.5])
+
+
+def test_cpu_info_reads_the_first_cpu():
+    text = "processor: 0\nmodel name\t: Test CPU 9000\nflags\t\t: fpu avx2 amx_tile\n\nprocessor: 1\n" \
+           "model name: other\nflags: sse\n"
+    assert doctor.cpu_info(text) == ("Test CPU 9000", ["fpu", "avx2", "amx_tile"])
+    assert doctor.cpu_info("") == ("unknown CPU", [])
+
+
+def test_compare_rows_tolerates_noise_and_rejects_a_broken_kernel():
+    rng = np.random.default_rng(0)
+    single = [rng.normal(size=64).astype(np.float32) * 5 for _ in range(9)]
+    for s in single:
+        s[7] = s.max() + 3.0  # a clear argmax
+    noisy = [s + rng.normal(scale=0.05, size=64).astype(np.float32) for s in single]
+    out = compare_rows(noisy, single)
+    assert out["rows"] == 9 and out["argmax_agree"] == 9 and out["max_rel_diff"] < 0.02
+    garbage = [rng.normal(size=64).astype(np.float32) * 5 for _ in range(9)]
+    with pytest.raises(SmokeFailure, match="verify row 0: batched logits differ"):
+        compare_rows(garbage, single)
+    nan = [s.copy() for s in single]
+    nan[4][0] = np.nan
+    with pytest.raises(SmokeFailure, match="non-finite logits at verify row 4"):
+        compare_rows(nan, single)
+
+
+def _assemble(tmp_path: Path, asm: str) -> Path:
+    src = tmp_path / "x.s"
+    src.write_text(asm)
+    obj = tmp_path / "x.o"
+    subprocess.run(["as", "-o", str(obj), str(src)], check=True)
+    return obj
+
+
+@pytest.mark.skipif(shutil.which("objdump") is None or shutil.which("as") is None,
+                    reason="binutils (objdump, as) not installed")
+def test_the_amx_scan_finds_amx_instructions(tmp_path):
+    amx = _assemble(tmp_path, ".text\nldtilecfg (%rax)\ntilezero %tmm0\ntdpbssd %tmm2, %tmm1, %tmm0\n"
+                              "tilerelease\nvaddps %zmm1, %zmm2, %zmm3\n")
+    assert doctor.amx_instruction_count(amx) == 4
+    plain = _assemble(tmp_path, ".text\nvaddps %zmm1, %zmm2, %zmm3\nret\n")
+    assert doctor.amx_instruction_count(plain) == 0
+
+
+@requires_model
+@pytest.mark.skipif(shutil.which("objdump") is None, reason="objdump not installed")
+def test_the_installed_llama_cpp_holds_no_amx_instruction():
+    lib = doctor.cpu_library()
+    assert lib is not None and lib.is_file()
+    assert doctor.amx_instruction_count(lib) == 0, f"{lib} holds AMX instructions: it can die by SIGILL"
+
+
+@requires_model
+def test_smoke_test_on_the_real_model(real_backend):
+    from promptlookup.backends.llama_cpp_smoke import N_PREFILL, N_VERIFY, smoke_test
+
+    steps: list[str] = []
+    out = smoke_test(real_backend, steps.append)
+    assert steps == [f"prefill {N_PREFILL} tokens", f"verify {N_VERIFY} tokens", "rollback",
+                     f"{N_VERIFY} single-token decodes", "compare batched and single rows"]
+    assert out["rows"] == N_VERIFY
+    assert out["argmax_agree"] >= N_VERIFY - 1
+    assert out["max_rel_diff"] < 0.10
+    assert real_backend.n_past == 0 and not real_backend.record_logits
+
+
+@requires_model
+def test_smoke_child_on_the_real_model():
+    from promptlookup.models import bundled_model_path
+
+    out = doctor.run_smoke_child(bundled_model_path(), threads=2)
+    assert out.ok, out.line()
+    assert out.result["rows"] == 9 and "AVX" in out.result["system_info"]

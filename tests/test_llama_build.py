@@ -1,0 +1,123 @@
+"""Set-up's llama.cpp step (scripts/llama_build.py): which ISA a build gets, the wheelhouse key, and
+the fall-back to a conservative build when the smoke test dies."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from promptlookup import doctor
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "llama_build.py"
+_spec = importlib.util.spec_from_file_location("llama_build", SCRIPT)
+lb = importlib.util.module_from_spec(_spec)
+sys.modules["llama_build"] = lb
+_spec.loader.exec_module(lb)
+
+SAPPHIRE = frozenset(["fpu", "sse4_2", "avx", "avx2", "fma", "f16c", "bmi2", "avx_vnni", "avx512f",
+                      "avx512cd",
+                      "avx512vl", "avx512dq", "avx512bw", "avx512vbmi", "avx512_vnni", "avx512_bf16",
+                      "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16"])
+HASWELL = frozenset(["fpu", "sse4_2", "avx", "avx2", "fma", "f16c", "bmi2"])
+
+
+def test_host_build_names_each_extension_and_never_amx():
+    args = lb.cmake_args("host", SAPPHIRE, "x86_64")
+    assert args == ["-DGGML_NATIVE=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF",
+                    "-DGGML_SSE42=ON", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+                    "-DGGML_BMI2=ON", "-DGGML_AVX_VNNI=ON", "-DGGML_AVX512=ON", "-DGGML_AVX512_VBMI=ON",
+                    "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=ON"]
+    assert lb.cmake_args("host", HASWELL, "x86_64")[-5:] == [
+        "-DGGML_AVX_VNNI=OFF", "-DGGML_AVX512=OFF", "-DGGML_AVX512_VBMI=OFF", "-DGGML_AVX512_VNNI=OFF",
+        "-DGGML_AVX512_BF16=OFF"]
+    # AVX-512 needs all five of F/CD/VL/DQ/BW; VNNI alone does not switch it on
+    partial = (SAPPHIRE - {"avx512dq"})
+    assert "-DGGML_AVX512=OFF" in lb.cmake_args("host", partial, "x86_64")
+    assert "-DGGML_AVX512_VNNI=OFF" in lb.cmake_args("host", partial, "x86_64")
+
+
+def test_conservative_build_is_avx2_fma_f16c_whatever_the_cpu():
+    on = [a for a in lb.cmake_args("conservative", SAPPHIRE, "x86_64") if a.endswith("=ON")]
+    assert on == ["-DGGML_SSE42=ON", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON"]
+    assert (lb.cmake_args("conservative", SAPPHIRE, "x86_64")
+            == lb.cmake_args("conservative", HASWELL, "x86_64"))
+
+
+def test_other_architectures_keep_the_native_build():
+    assert lb.cmake_args("host", frozenset(), "aarch64") == ["-DGGML_NATIVE=ON"]
+    with pytest.raises(ValueError, match="unknown build mode 'fast'"):
+        lb.cmake_args("fast", SAPPHIRE, "x86_64")
+
+
+def test_the_wheelhouse_key_covers_flags_compiler_and_version(tmp_path, monkeypatch):
+    a = lb.plan("host", tmp_path, SAPPHIRE, "gcc 12.2", "x86_64")
+    assert a == lb.plan("host", tmp_path, SAPPHIRE, "gcc 12.2", "x86_64")
+    assert a.key != lb.plan("host", tmp_path, HASWELL, "gcc 12.2", "x86_64").key
+    assert a.key != lb.plan("conservative", tmp_path, SAPPHIRE, "gcc 12.2", "x86_64").key
+    assert a.key != lb.plan("host", tmp_path, SAPPHIRE, "gcc 13.1", "x86_64").key
+    monkeypatch.setattr(lb, "LLAMA_CPP_PYTHON_VERSION", "0.3.99")
+    assert a.key != lb.plan("host", tmp_path, SAPPHIRE, "gcc 12.2", "x86_64").key
+    assert a.folder == tmp_path / a.key and len(a.key) == 12
+    # the old scheme keyed by CPU flags alone: a wheel built with -march=native under the same CPU
+    # would have been reused; now the key is a function of the build arguments
+    assert lb.wheelhouse_key("0.3.36", ["-DGGML_NATIVE=ON"], "gcc") != lb.wheelhouse_key(
+        "0.3.36", lb.cmake_args("host", SAPPHIRE, "x86_64"), "gcc")
+
+
+def _sigill_smoke(python: str) -> lb.SmokeResult:
+    """A real child process that dies by SIGILL in its verify step, read the way the doctor reads it."""
+    child = ("import os, signal\nprint('step: verify 9 tokens', flush=True)\n"
+             "os.kill(os.getpid(), signal.SIGILL)\n")
+    out = doctor.run_smoke_child("unused", command=[sys.executable, "-c", child])
+    return lb.SmokeResult(out.ok, out.line())
+
+
+class Recorder:
+    def __init__(self, tmp: Path) -> None:
+        self.installed: list[str] = []
+        self.plans = lambda mode: lb.plan(mode, tmp, SAPPHIRE, "gcc 12.2", "x86_64")
+
+    def install(self, python: str, venv: Path, build) -> None:
+        self.installed.append(build.mode)
+
+
+def test_a_host_build_that_dies_by_sigill_is_replaced_by_the_conservative_one(tmp_path, capsys):
+    rec = Recorder(tmp_path)
+    smokes = iter([_sigill_smoke, lambda py: lb.SmokeResult(True, "passed")])
+    build = lb.ensure_llama("py", tmp_path, tmp_path, smoke=lambda py: next(smokes)(py),
+                            install=rec.install, plans=rec.plans)
+    assert build.mode == "conservative"
+    assert rec.installed == ["host", "conservative"]
+    err = capsys.readouterr().err
+    assert ("smoke test FAILED on the host build (key " in err
+            and "): llama.cpp died by SIGILL during step 'verify 9 tokens'" in err)
+    assert "rebuilding once with the conservative ISA set (AVX, AVX2, F16C, FMA, SSE42)" in err
+    host = rec.plans("host")
+    assert host.failed and "SIGILL" in (host.folder / lb.FAILED_MARK).read_text()
+
+    # the next set-up remembers: straight to the conservative build, no second crash
+    rec2 = Recorder(tmp_path)
+    build = lb.ensure_llama("py", tmp_path, tmp_path, smoke=lambda py: lb.SmokeResult(True, "passed"),
+                            install=rec2.install, plans=rec2.plans)
+    assert build.mode == "conservative" and rec2.installed == ["conservative"]
+
+
+def test_set_up_fails_clearly_when_the_conservative_build_dies_too(tmp_path):
+    rec = Recorder(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        lb.ensure_llama("py", tmp_path, tmp_path, smoke=_sigill_smoke, install=rec.install, plans=rec.plans)
+    assert rec.installed == ["host", "conservative"]
+    msg = str(exc.value)
+    assert msg.startswith("setup: error: llama.cpp does not run on this machine even when built for "
+                          "AVX, AVX2, F16C, FMA, SSE42 only: llama.cpp died by SIGILL during step")
+    assert "promptlookup doctor" in msg
+
+
+def test_a_passing_host_build_is_kept(tmp_path):
+    rec = Recorder(tmp_path)
+    build = lb.ensure_llama("py", tmp_path, tmp_path, smoke=lambda py: lb.SmokeResult(True, "ok"),
+                            install=rec.install, plans=rec.plans)
+    assert build.mode == "host" and rec.installed == ["host"] and not build.failed
