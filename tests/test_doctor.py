@@ -152,3 +152,26 @@ def test_smoke_child_on_the_real_model():
     out = doctor.run_smoke_child(bundled_model_path(), threads=2)
     assert out.ok, out.line()
     assert out.result["rows"] == 9 and "AVX" in out.result["system_info"]
+
+
+@requires_model
+def test_the_cli_reports_a_broken_build_in_one_line(tmp_path, monkeypatch, capsys):
+    from promptlookup.cli import main
+
+    monkeypatch.setenv("PROMPTLOOKUP_CACHE", str(tmp_path))
+    monkeypatch.setattr(doctor, "library_fingerprint", lambda: "feedfacefeedface")
+    monkeypatch.setattr(doctor, "run_smoke_child",
+                        lambda model, threads=None: doctor.parse_child(-4, "step: verify 9 tokens\n"))
+    assert main(["generate", "-p", "hello", "-n", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == ("promptlookup: error: this llama.cpp build does not run correctly here (llama.cpp "
+                       "died by SIGILL during step 'verify 9 tokens'); run 'promptlookup doctor' for the "
+                       "details, and scripts/setup.sh to rebuild")
+
+
+def test_a_library_that_cannot_load_is_a_backend_error(monkeypatch):
+    from promptlookup.backends.llama_cpp import LlamaCppBackend
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp raises ImportError
+    with pytest.raises(BackendError, match=r"llama.cpp library could not be loaded .*promptlookup doctor"):
+        LlamaCppBackend("model.gguf")

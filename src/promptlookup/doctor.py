@@ -191,7 +191,7 @@ def record_healthy() -> None:
 
 
 def ensure_build_checked(model: str | os.PathLike[str], threads: int | None = None,
-                         runner=run_smoke_child) -> None:
+                         runner=None) -> None:
     """Before the first use of an installed llama.cpp build, run the smoke test in a child process.
 
     The test runs on the bundled model where it is installed (it checks the build, not the model),
@@ -212,7 +212,7 @@ def ensure_build_checked(model: str | os.PathLike[str], threads: int | None = No
         smoke_model: str | os.PathLike[str] = bundled_model_path()
     except ModelError:
         smoke_model = model
-    outcome = runner(smoke_model, threads)
+    outcome = (runner or run_smoke_child)(smoke_model, threads)
     if not outcome.ok:
         raise BackendError(f"this llama.cpp build does not run correctly here ({outcome.line()}); "
                            "run 'promptlookup doctor' for the details, and scripts/setup.sh to rebuild")
