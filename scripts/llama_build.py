@@ -217,10 +217,10 @@ def ensure_llama(python: str, venv: Path, wheelhouse_root: Path,
         install(python, venv, build)
         result = smoke(python)
         if result.ok:
-            log(f"smoke test passed ({build.mode} build, key {build.key}): {result.line}")
+            log(f"{build.mode} build (key {build.key}): {result.line}")
             return build
         last = result.line
-        log(f"smoke test FAILED on the {build.mode} build (key {build.key}): {result.line}")
+        log(f"{build.mode} build (key {build.key}): {result.line}")
         build.folder.mkdir(parents=True, exist_ok=True)
         (build.folder / FAILED_MARK).write_text(result.line + "\n", encoding="utf-8")
         if i + 1 < len(candidates):

@@ -28,14 +28,15 @@ def test_a_child_killed_by_sigill_is_named_with_its_step():
     assert out.signal == "SIGILL"
     assert out.step == "verify 9 tokens"
     assert out.line() == "llama.cpp died by SIGILL during step 'verify 9 tokens'"
+    assert out.summary() == "smoke test failed: llama.cpp died by SIGILL during step 'verify 9 tokens'"
 
 
 def test_parse_child_outcomes():
     ok = doctor.parse_child(
         0, 'step: load the model\nresult: {"rows": 9, "argmax_agree": 9, "max_rel_diff": 0.02}\n')
     assert ok.ok and ok.result["rows"] == 9
-    assert ok.line() == ("passed: prefill, verify of 9 tokens, rollback; batched rows within 2.0% of "
-                         "single-token rows, argmax agreeing on 9/9")
+    assert ok.summary() == ("smoke test passed: prefill, verify of 9 tokens, rollback; batched rows within "
+                            "2.0% of single-token rows, argmax agreeing on 9/9")
     wrong = doctor.parse_child(1, 'step: compare batched and single rows\nresult: {"failure": "row 3 off"}\n')
     assert not wrong.ok and wrong.line() == "wrong result: row 3 off"
     died = doctor.parse_child(-11, "step: prefill 300 tokens\n")

@@ -72,7 +72,7 @@ def _sigill_smoke(python: str) -> lb.SmokeResult:
     child = ("import os, signal\nprint('step: verify 9 tokens', flush=True)\n"
              "os.kill(os.getpid(), signal.SIGILL)\n")
     out = doctor.run_smoke_child("unused", command=[sys.executable, "-c", child])
-    return lb.SmokeResult(out.ok, out.line())
+    return lb.SmokeResult(out.ok, out.summary())
 
 
 class Recorder:
@@ -92,8 +92,8 @@ def test_a_host_build_that_dies_by_sigill_is_replaced_by_the_conservative_one(tm
     assert build.mode == "conservative"
     assert rec.installed == ["host", "conservative"]
     err = capsys.readouterr().err
-    assert ("smoke test FAILED on the host build (key " in err
-            and "): llama.cpp died by SIGILL during step 'verify 9 tokens'" in err)
+    assert f"setup: host build (key {rec.plans('host').key}): smoke test failed: llama.cpp died by SIGILL " \
+           "during step 'verify 9 tokens'" in err
     assert "rebuilding once with the conservative ISA set (AVX, AVX2, F16C, FMA, SSE42)" in err
     host = rec.plans("host")
     assert host.failed and "SIGILL" in (host.folder / lb.FAILED_MARK).read_text()
@@ -112,7 +112,8 @@ def test_set_up_fails_clearly_when_the_conservative_build_dies_too(tmp_path):
     assert rec.installed == ["host", "conservative"]
     msg = str(exc.value)
     assert msg.startswith("setup: error: llama.cpp does not run on this machine even when built for "
-                          "AVX, AVX2, F16C, FMA, SSE42 only: llama.cpp died by SIGILL during step")
+                          "AVX, AVX2, F16C, FMA, SSE42 only: smoke test failed: llama.cpp died by SIGILL "
+                          "during step")
     assert "promptlookup doctor" in msg
 
 

@@ -60,7 +60,7 @@ class SmokeOutcome:
         """One line saying what happened."""
         if self.ok:
             r = self.result
-            return (f"passed: prefill, verify of {r.get('rows', '?')} tokens, rollback; batched rows within "
+            return (f"prefill, verify of {r.get('rows', '?')} tokens, rollback; batched rows within "
                     f"{r.get('max_rel_diff', 0.0):.1%} of single-token rows, argmax agreeing on "
                     f"{r.get('argmax_agree', '?')}/{r.get('rows', '?')}")
         if self.signal:
@@ -69,6 +69,10 @@ class SmokeOutcome:
             return f"wrong result: {self.failure}"
         tail = f": {self.stderr_tail}" if self.stderr_tail else ""
         return f"the smoke test exited with status {self.returncode} during step '{self.step}'{tail}"
+
+    def summary(self) -> str:
+        """``smoke test passed: ...`` or ``smoke test failed: ...``: what set-up and the doctor print."""
+        return f"smoke test {'passed' if self.ok else 'failed'}: {self.line()}"
 
 
 def parse_child(returncode: int, stdout: str, stderr: str = "") -> SmokeOutcome:
@@ -259,14 +263,14 @@ def run_doctor(model: str | os.PathLike[str] | None, threads: int | None, smoke_
         out(f"llama.cpp library: {lib}; AMX instructions: {amx}")
     outcome = run_smoke_child(model_path, threads, curve=not smoke_only)
     if smoke_only:
-        out(f"smoke test {outcome.line()}")
+        out(outcome.summary())
         if outcome.ok:
             record_healthy()
         return 0 if outcome.ok else 3
     r = outcome.result
     if r.get("system_info"):
         out(f"llama.cpp built with: {r['system_info']}")
-    out(f"smoke test ({model_path.name}): {outcome.line()}")
+    out(f"{outcome.summary()} (on {model_path.name})")
     if not outcome.ok:
         out("verdict: UNHEALTHY: this llama.cpp build cannot be trusted here; rebuild with scripts/setup.sh "
             "(it falls back to an AVX2-only build when the host build fails)")
