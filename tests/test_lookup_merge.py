@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from promptlookup.drafting.llamacpp_file import (
+from promptlookup.drafting.lookup.cache import DictNgramCache, NgramCache
+from promptlookup.drafting.lookup.llamacpp_file import (
     load_dynamic,
     merge_files,
     read_llamacpp,
@@ -12,8 +13,7 @@ from promptlookup.drafting.llamacpp_file import (
     save_dynamic,
     write_llamacpp,
 )
-from promptlookup.drafting.ngram_cache import DictNgramCache, NgramCache
-from promptlookup.drafting.static_cache import build_static, open_static, write_static
+from promptlookup.drafting.lookup.static_cache import build_static, open_static, write_static
 
 FP = "00112233445566aa"
 

@@ -49,7 +49,7 @@ def _add_model_args(p: argparse.ArgumentParser, backend: bool = False) -> None:
 
 
 def _add_draft_args(p: argparse.ArgumentParser) -> None:
-    from promptlookup.drafting.suffix import DEFAULT_MAX_MATCH, DEFAULT_MIN_MATCH
+    from promptlookup.drafting.ngram.source import DEFAULT_MAX_MATCH, DEFAULT_MIN_MATCH
 
     p.add_argument("--draft", type=_int_in(1, MAX_DRAFT, "--draft"), default=3,
                    help=f"tokens drafted per verify batch, 1..{MAX_DRAFT} (default 3)")
@@ -221,15 +221,15 @@ def _read_prompt(args: argparse.Namespace) -> str:
 
 
 def _load_backend(args: argparse.Namespace):
-    from promptlookup.models import resolve_model
+    from promptlookup.backends.models import resolve_model
 
     if getattr(args, "backend", "llama.cpp") == "transformers":
         from promptlookup.backends.transformers import TransformersBackend
 
         path = Path(args.model) if args.model and Path(args.model).is_dir() else resolve_model(args.model)
         return TransformersBackend(path, n_ctx=args.ctx_size, n_threads=args.threads)
+    from promptlookup.backends.doctor import ensure_build_checked
     from promptlookup.backends.llama_cpp import LlamaCppBackend
-    from promptlookup.doctor import ensure_build_checked
 
     path = resolve_model(args.model)
     ensure_build_checked(path, args.threads)  # once per installed build, in a child process
@@ -237,7 +237,7 @@ def _load_backend(args: argparse.Namespace):
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from promptlookup.drafting.suffix import SuffixMatchSource
+    from promptlookup.drafting.ngram.source import SuffixMatchSource
     from promptlookup.speculate import generate
 
     if args.system is not None and not args.chat:
@@ -271,14 +271,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     )
     lookup_source = None
     if args.lookup or args.speculate == "auto":
-        from promptlookup.drafting.lookup import make_lookup_source
+        from promptlookup.drafting.lookup.source import make_lookup_source
 
         lookup_source = make_lookup_source(args.lookup_cache_static, args.lookup_cache_dynamic,
                                            backend.n_vocab, backend.fingerprint)
         source = lookup_source
     suffix_source = None
     if args.suffix or args.speculate == "auto":
-        from promptlookup.drafting.suffix_source import make_suffix_source
+        from promptlookup.drafting.suffix.source import make_suffix_source
 
         suffix_source = make_suffix_source(args.suffix_history, backend.n_vocab, backend.fingerprint,
                                            args.suffix_history_budget, corpus_path=args.suffix_corpus)
@@ -290,11 +290,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     streamer = None if args.json else _TextStreamer(backend.detokenize)
     result = generate(backend, ids, args.n_predict, source=source, draft=draft, on_tokens=streamer)
     if suffix_source is not None and args.suffix_history:
-        from promptlookup.drafting.suffix_source import save_suffix_history
+        from promptlookup.drafting.suffix.source import save_suffix_history
 
         save_suffix_history(suffix_source, args.suffix_history)
     if lookup_source is not None and args.lookup_cache_dynamic:
-        from promptlookup.drafting.lookup import save_lookup_dynamic
+        from promptlookup.drafting.lookup.source import save_lookup_dynamic
 
         save_lookup_dynamic(lookup_source, args.lookup_cache_dynamic)
     out_text = backend.detokenize(result.tokens)
@@ -347,8 +347,8 @@ class _TextStreamer:
 
 def _auto_drafter(args: argparse.Namespace, backend, lookup_source, suffix_source):
     """Every source this run has, under the cost-aware controller; returns (drafter, max draft)."""
-    from promptlookup.costs import CostCurve, cached_cost_curve
-    from promptlookup.drafting.controller import AutoDrafter, auto_sources
+    from promptlookup.drafting.auto import AutoDrafter, auto_sources
+    from promptlookup.measure.costs import CostCurve, cached_cost_curve
     from promptlookup.speculate import MAX_DRAFT
 
     curve = CostCurve.load(args.cost_curve) if args.cost_curve else cached_cost_curve(backend)
@@ -366,8 +366,8 @@ def _auto_report(drafter) -> str:
 
 def cmd_create(args: argparse.Namespace) -> int:
     from promptlookup.backends.llama_cpp import default_threads
-    from promptlookup.corpus import run_create
-    from promptlookup.models import resolve_model
+    from promptlookup.backends.models import resolve_model
+    from promptlookup.build.create import run_create
 
     st = run_create(args.file, resolve_model(args.model), args.output, fmt=args.format,
                     workers=args.threads or default_threads(), progress=not args.no_progress,
@@ -378,11 +378,11 @@ def cmd_create(args: argparse.Namespace) -> int:
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
-    from promptlookup.drafting.llamacpp_file import merge_files
+    from promptlookup.drafting.lookup.llamacpp_file import merge_files
 
     def vocab() -> tuple[int, str]:
-        from promptlookup.corpus import VocabTokenizer
-        from promptlookup.models import resolve_model
+        from promptlookup.backends.models import resolve_model
+        from promptlookup.build.create import VocabTokenizer
 
         tok = VocabTokenizer(resolve_model(args.model))
         return tok.n_vocab, tok.fingerprint()
@@ -392,7 +392,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from promptlookup.drafting.static_cache import verify_static
+    from promptlookup.drafting.lookup.static_cache import verify_static
 
     for path in args.caches:
         c = verify_static(path)
@@ -403,8 +403,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_index(args: argparse.Namespace) -> int:
     from promptlookup.backends.llama_cpp import default_threads
-    from promptlookup.corpus_sa import run_index
-    from promptlookup.models import resolve_model
+    from promptlookup.backends.models import resolve_model
+    from promptlookup.build.index import run_index
 
     st = run_index(args.file, resolve_model(args.model), args.output,
                    workers=args.threads or default_threads(), progress=not args.no_progress,
@@ -415,8 +415,8 @@ def cmd_index(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from promptlookup.models import resolve_model
-    from promptlookup.replay import run_stats
+    from promptlookup.backends.models import resolve_model
+    from promptlookup.measure.replay import run_stats
 
     if args.ngram_max_match < args.ngram_min_match:
         raise UsageError(f"--ngram-max-match ({args.ngram_max_match}) is below "
@@ -424,7 +424,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     if args.suffix_corpus and args.source != "suffix":
         raise UsageError("--suffix-corpus only applies to --source suffix")
     if args.suffix_corpus:
-        from promptlookup.replay_suffix import run_stats_suffix
+        from promptlookup.measure.replay_suffix import run_stats_suffix
 
         st = run_stats_suffix(args.file, str(resolve_model(args.model)), args.ctx_size, args.draft,
                               args.suffix_corpus, verify=args.verify)
@@ -443,17 +443,17 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def _cost_simulation(args: argparse.Namespace) -> str:
     """``stats --cost-curve``: the replay text under fixed lengths, auto and the oracle."""
-    from promptlookup.corpus import VocabTokenizer
-    from promptlookup.costs import CostCurve
-    from promptlookup.drafting.controller import AutoDrafter, auto_sources
-    from promptlookup.drafting.history import History
-    from promptlookup.drafting.llamacpp_file import load_dynamic, open_static_any
-    from promptlookup.drafting.lookup import LookupSource
-    from promptlookup.drafting.suffix import SuffixMatchSource
-    from promptlookup.drafting.suffix_source import SuffixSource
-    from promptlookup.models import resolve_model
-    from promptlookup.replay import read_text_tokens
-    from promptlookup.simulate import report_table, simulate_text
+    from promptlookup.backends.models import resolve_model
+    from promptlookup.build.create import VocabTokenizer
+    from promptlookup.drafting.auto import AutoDrafter, auto_sources
+    from promptlookup.drafting.lookup.llamacpp_file import load_dynamic, open_static_any
+    from promptlookup.drafting.lookup.source import LookupSource
+    from promptlookup.drafting.ngram.source import SuffixMatchSource
+    from promptlookup.drafting.suffix.history import History
+    from promptlookup.drafting.suffix.source import SuffixSource
+    from promptlookup.measure.costs import CostCurve
+    from promptlookup.measure.replay import read_text_tokens
+    from promptlookup.measure.simulate import report_table, simulate_text
     from promptlookup.speculate import MAX_DRAFT
 
     curve = CostCurve.flat(MAX_DRAFT + 1) if args.cost_curve == "flat" else CostCurve.load(args.cost_curve)
@@ -484,7 +484,7 @@ def _cost_simulation(args: argparse.Namespace) -> str:
 
 
 def cmd_curve(args: argparse.Namespace) -> int:
-    from promptlookup.costs import cached_cost_curve, curve_cache_path, describe
+    from promptlookup.measure.costs import cached_cost_curve, curve_cache_path, describe
 
     backend = _load_backend(args)
     curve = cached_cost_curve(backend, max_tokens=args.max_tokens, refresh=args.refresh)
@@ -498,14 +498,14 @@ def cmd_curve(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from promptlookup.doctor import run_doctor
+    from promptlookup.backends.doctor import run_doctor
 
     return run_doctor(args.model, args.threads, args.smoke_only)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from promptlookup import bench
     from promptlookup.fileio import atomic_write_text
+    from promptlookup.measure import bench
 
     try:
         cells = [bench.parse_cell(c) for c in args.cells.split(",") if c.strip()]
@@ -553,7 +553,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from promptlookup.backends.base import BackendError
-    from promptlookup.models import ModelError
+    from promptlookup.backends.models import ModelError
 
     parser = build_parser()
     args = parser.parse_args(argv)

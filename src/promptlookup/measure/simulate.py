@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from promptlookup.costs import CostCurve
 from promptlookup.drafting.base import DraftSource
+from promptlookup.measure.costs import CostCurve
 from promptlookup.speculate import generate
 
 
@@ -151,7 +151,7 @@ def sweep(prompt: Sequence[int], continuation: Sequence[int], make_source: Calla
 
 
 def _chunks(tokens: Sequence[int], n_ctx: int) -> list[list[int]]:
-    """The replay's chunks (see :mod:`promptlookup.replay`): whole chunks of n_ctx tokens."""
+    """The replay's chunks (see :mod:`promptlookup.measure.replay`): whole chunks of n_ctx tokens."""
     toks = list(tokens)
     return [toks[i : i + n_ctx] for i in range(0, len(toks) - n_ctx, n_ctx)] or (
         [toks] if len(toks) >= 2 else [])
@@ -194,7 +194,7 @@ def simulate_text(tokens: Sequence[int], n_ctx: int, curve: CostCurve,
 
 
 def report_table(results: Sequence[SimResult], curve: CostCurve) -> str:
-    from promptlookup.costs import describe
+    from promptlookup.measure.costs import describe
 
     lines = [f"cost curve ({curve.label or 'unnamed'}): {describe(curve)}",
              "| policy | steps | drafted | accepted | accept % | cost (plain decodes) | speedup |",

@@ -1,13 +1,13 @@
 """The lookup-stats replay of ``--lookup`` compiled whole: one numba call per chunk.
 
-Why: :func:`promptlookup.replay.replay` drives any DraftSource through Python, one ``propose`` (a
+Why: :func:`promptlookup.measure.replay.replay` drives any DraftSource through Python, one ``propose`` (a
 ``Draft`` object) and one ``extend`` per confirmed token. That costs 10-17 us per drafted token, while
 the drafting itself is well under one: the measurement would be of the interpreter, not of the rule.
 Here the whole per-chunk loop (draft, compare with the text, update the context cache) runs inside
 one compiled function over the same arrays and the same numba draft rule the ``--lookup`` source uses;
 Python only resets the context cache and merges it into the dynamic one between chunks, as
-lookup-stats does outside its timers. :func:`promptlookup.replay.replay` with
-:class:`~promptlookup.drafting.lookup.LookupSource` stays the reference: tests hold both to identical
+lookup-stats does outside its timers. :func:`promptlookup.measure.replay.replay` with
+:class:`~promptlookup.drafting.lookup.source.LookupSource` stays the reference: tests hold both to identical
 ``n_drafted`` / ``n_accept`` on real text.
 """
 
@@ -20,10 +20,18 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit
 
-from promptlookup.drafting.lookup import _CTX_A, _CTX_P, _DYN_A, _DYN_P, LookupSource, _draft_core, _table
-from promptlookup.drafting.ngram_cache import NGRAM_MAX, NGRAM_MIN, NgramCache, _update
-from promptlookup.drafting.static_cache import StaticCache
-from promptlookup.replay import ReplayStats
+from promptlookup.drafting.lookup.cache import NGRAM_MAX, NGRAM_MIN, NgramCache, _update
+from promptlookup.drafting.lookup.source import (
+    _CTX_A,
+    _CTX_P,
+    _DYN_A,
+    _DYN_P,
+    LookupSource,
+    _draft_core,
+    _table,
+)
+from promptlookup.drafting.lookup.static_cache import StaticCache
+from promptlookup.measure.replay import ReplayStats
 
 
 @njit(cache=True)

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from promptlookup import corpus
-from promptlookup.corpus import BLOCK, iter_blocks
-from promptlookup.drafting.corpus_index import build_suffix_array, write_index
+from promptlookup.build import create as corpus
+from promptlookup.build.create import BLOCK, iter_blocks
+from promptlookup.drafting.suffix.corpus_index import build_suffix_array, write_index
 
 
 @dataclass

@@ -7,7 +7,7 @@ speculated cell also says whether its output is token-identical to the first pla
 
 A cell is ``NAME[:key=value...]``: ``off``, ``ngram`` (``draft``, ``min``, ``max``), ``lookup``
 (``draft``, ``static=FILE``, ``dynamic=FILE``), ``suffix`` (``draft``) and ``auto`` (``static=FILE``,
-``curve=FILE``). Peers (:mod:`promptlookup.peers`) run the engines' own prompt lookup on the same ids:
+``curve=FILE``). Peers (:mod:`promptlookup.measure.peers`) run the engines' own prompt lookup on the same ids:
 ``peer-llamacpp`` (``pred``: llama-cpp-python's num_pred_tokens, 0 = its plain loop) and ``peer-hf``
 (``pld``: transformers' prompt_lookup_num_tokens, 0 = plain generate). A peer is compared with our
 plain run when it is the bench backend's engine, else with its own 0 setting (``-`` until that ran).
@@ -97,7 +97,7 @@ class CellRun:
 
 def make_source(cell: Cell, backend) -> tuple[DraftSource | None, int]:
     """The draft source and draft length a cell asks for, built fresh (no state across runs)."""
-    from promptlookup.drafting.suffix import DEFAULT_MAX_MATCH, DEFAULT_MIN_MATCH, SuffixMatchSource
+    from promptlookup.drafting.ngram.source import DEFAULT_MAX_MATCH, DEFAULT_MIN_MATCH, SuffixMatchSource
     from promptlookup.speculate import MAX_DRAFT
 
     if cell.name == "off":
@@ -106,7 +106,7 @@ def make_source(cell: Cell, backend) -> tuple[DraftSource | None, int]:
         src = SuffixMatchSource(cell.int_option("min", DEFAULT_MIN_MATCH),
                                 cell.int_option("max", DEFAULT_MAX_MATCH))
         return src, cell.int_option("draft", 3)
-    from promptlookup.drafting.lookup import make_lookup_source
+    from promptlookup.drafting.lookup.source import make_lookup_source
 
     if cell.name == "suffix":
         return _suffix_with_history(backend), cell.int_option("draft", 3)
@@ -115,8 +115,8 @@ def make_source(cell: Cell, backend) -> tuple[DraftSource | None, int]:
         return (make_lookup_source(cell.get("static"), cell.get("dynamic"), backend.n_vocab,
                                    backend.fingerprint), cell.int_option("draft", 3))
     # auto
-    from promptlookup.costs import CostCurve, cached_cost_curve
-    from promptlookup.drafting.controller import AutoDrafter, auto_sources
+    from promptlookup.drafting.auto import AutoDrafter, auto_sources
+    from promptlookup.measure.costs import CostCurve, cached_cost_curve
 
     curve = CostCurve.load(cell.get("curve")) if cell.get("curve") else cached_cost_curve(backend)
     extra = {"lookup": lambda: make_lookup_source(cell.get("static"), None, backend.n_vocab,
@@ -131,8 +131,8 @@ def make_source(cell: Cell, backend) -> tuple[DraftSource | None, int]:
 def _suffix_with_history(backend) -> DraftSource:
     """``--suffix`` with an in-memory history, so a multi-request workload's later requests draft
     from the earlier ones (as a --suffix-history file would across processes)."""
-    from promptlookup.drafting.history import History
-    from promptlookup.drafting.suffix_source import SuffixSource
+    from promptlookup.drafting.suffix.history import History
+    from promptlookup.drafting.suffix.source import SuffixSource
 
     return SuffixSource(history=History(), n_vocab=backend.n_vocab)
 
@@ -151,11 +151,11 @@ def split_requests(text: str) -> list[str]:
 def oracle_speedup(backend, requests: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]]) -> float:
     """The hindsight oracle's speedup on the last request's output, from auto's sources (having
     seen the earlier requests) and the backend's curve: the ceiling any controller could reach on
-    this run (simulated, see promptlookup.simulate)."""
-    from promptlookup.costs import cached_cost_curve
-    from promptlookup.drafting.controller import auto_sources
-    from promptlookup.drafting.lookup import make_lookup_source
-    from promptlookup.simulate import oracle
+    this run (simulated, see promptlookup.measure.simulate)."""
+    from promptlookup.drafting.auto import auto_sources
+    from promptlookup.drafting.lookup.source import make_lookup_source
+    from promptlookup.measure.costs import cached_cost_curve
+    from promptlookup.measure.simulate import oracle
     from promptlookup.speculate import MAX_DRAFT
 
     sources = auto_sources(make_lookup_source(None, None, backend.n_vocab, backend.fingerprint),
@@ -223,7 +223,7 @@ def run_bench(backend, workloads: dict[str, list[list[int]]], cells: Sequence[Ce
 def _peer_run(cell: Cell, backend, wname: str, prompt: list[int], n_predict: int, round_: int,
               reference: list[int] | None, peer_refs: dict[str, list[int]],
               engines: dict[str, Any]) -> CellRun:
-    from promptlookup import peers
+    from promptlookup.measure import peers
 
     peer, key, engine = PEERS[cell.name]
     setting = cell.int_option(key, 3)

@@ -154,7 +154,7 @@ def run_stats(text: str, model_path: str, n_ctx: int, n_draft: int, source: str 
     ``--lookup`` replays with the compiled loop (``replay_lookup``) unless ``reference``; ``verify``
     runs the static cache's full body check at open (counted in the load time).
     """
-    from promptlookup.corpus import VocabTokenizer
+    from promptlookup.build.create import VocabTokenizer
 
     tok = VocabTokenizer(model_path)
     tokens = read_text_tokens(text, tok, as_list=source != "lookup" or reference)
@@ -164,21 +164,21 @@ def run_stats(text: str, model_path: str, n_ctx: int, n_draft: int, source: str 
     if source == "ngram":
         if static_path or dynamic_path:
             raise ValueError("--lookup-cache-static/--lookup-cache-dynamic only apply to --source lookup")
-        from promptlookup.drafting.suffix import SuffixMatchSource
+        from promptlookup.drafting.ngram.source import SuffixMatchSource
 
         return replay(tokens, n_ctx, n_draft, lambda: SuffixMatchSource(ngram_min_match, ngram_max_match))
     if source == "suffix":
         if static_path or dynamic_path:
             raise ValueError("--lookup-cache-static/--lookup-cache-dynamic only apply to --source lookup")
-        from promptlookup.drafting.history import History
-        from promptlookup.drafting.suffix_source import SuffixSource
+        from promptlookup.drafting.suffix.history import History
+        from promptlookup.drafting.suffix.source import SuffixSource
 
         return replay(tokens, n_ctx, n_draft,
                       lambda: SuffixSource(history=History(), n_vocab=n_vocab))
     if source != "lookup":
         raise ValueError(f"unknown draft source {source!r} (lookup, ngram or suffix)")
-    from promptlookup.drafting.llamacpp_file import load_dynamic, open_static_any
-    from promptlookup.drafting.lookup import LookupSource
+    from promptlookup.drafting.lookup.llamacpp_file import load_dynamic, open_static_any
+    from promptlookup.drafting.lookup.source import LookupSource
 
     t0 = time.perf_counter()
     static = (open_static_any(static_path, n_vocab, lambda: fingerprint, verify=verify)
@@ -187,6 +187,6 @@ def run_stats(text: str, model_path: str, n_ctx: int, n_draft: int, source: str 
     t_load = time.perf_counter() - t0
     if reference:
         return replay(tokens, n_ctx, n_draft, lambda: LookupSource(static=static, dynamic=dynamic), t_load)
-    from promptlookup.replay_lookup import replay_lookup
+    from promptlookup.measure.replay_lookup import replay_lookup
 
     return replay_lookup(tokens, n_ctx, n_draft, static=static, dynamic=dynamic, t_load_s=t_load)

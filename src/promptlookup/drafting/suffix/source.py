@@ -10,8 +10,8 @@ it; recency only breaks ties. One rule, applied token by token to the text exten
 already drafted:
 
 1. For each provider -- the request's own text (a suffix automaton over prompt and output), the
-   history (a suffix automaton over earlier requests, see :mod:`promptlookup.drafting.history`)
-   and, optionally, a corpus (a suffix array, see :mod:`promptlookup.drafting.corpus_index`,
+   history (a suffix automaton over earlier requests, see :mod:`promptlookup.drafting.suffix.history`)
+   and, optionally, a corpus (a suffix array, see :mod:`promptlookup.drafting.suffix.corpus_index`,
    searched for context suffixes of at most ``corpus_max_match`` tokens) -- find the longest
    suffix ``L*`` of the context that occurs there *followed by a token*.
 2. The candidates are the tokens that follow those occurrences. A candidate ``c`` scores the number
@@ -43,15 +43,7 @@ import numpy as np
 from numba import njit
 
 from promptlookup.drafting.base import Draft
-from promptlookup.drafting.corpus_index import (
-    DEFAULT_MAX_MATCH,
-    CorpusIndex,
-    _interval,
-    _narrow,
-    _search_from,
-    empty_index,
-)
-from promptlookup.drafting.suffix_automaton import (
+from promptlookup.drafting.suffix.automaton import (
     CNT,
     E_NEXT,
     E_TO,
@@ -72,6 +64,14 @@ from promptlookup.drafting.suffix_automaton import (
     _extend,
     deep_rep,
     match_step,
+)
+from promptlookup.drafting.suffix.corpus_index import (
+    DEFAULT_MAX_MATCH,
+    CorpusIndex,
+    _interval,
+    _narrow,
+    _search_from,
+    empty_index,
 )
 
 DEFAULT_MIN_MATCH = 1
@@ -389,10 +389,10 @@ class SuffixSource:
     """``--suffix``: the rule in this module's docstring over the request, an optional history and
     an optional corpus index.
 
-    ``history`` is a :class:`promptlookup.drafting.history.History` (or ``None``). When
+    ``history`` is a :class:`promptlookup.drafting.suffix.history.History` (or ``None``). When
     ``record`` is true, each request is added to it when the next one starts (``reset``) or when
     :meth:`commit` is called. ``corpus`` is an opened
-    :class:`promptlookup.drafting.corpus_index.CorpusIndex` (or ``None``), searched for context
+    :class:`promptlookup.drafting.suffix.corpus_index.CorpusIndex` (or ``None``), searched for context
     suffixes of at most ``corpus_max_match`` tokens.
     """
 
@@ -532,7 +532,7 @@ class SuffixSource:
         if got < 0:
             if got == -1:
                 raise ValueError("a negative token id reached the suffix source")
-            from promptlookup.drafting.corpus_index import CorpusIndexError
+            from promptlookup.drafting.suffix.corpus_index import CorpusIndexError
 
             raise CorpusIndexError(f"{ix.path}: corrupt corpus index (found while drafting)")
         f = io[IO_FEAT : IO_FEAT + 6].tolist()
@@ -551,8 +551,8 @@ def make_suffix_source(history_path: str | None, n_vocab: int, fingerprint_fn,
     ``corpus_path``, a corpus index (``promptlookup index``) built with this tokenizer."""
     from pathlib import Path
 
-    from promptlookup.drafting.corpus_index import open_index
-    from promptlookup.drafting.history import DEFAULT_BUDGET, History
+    from promptlookup.drafting.suffix.corpus_index import open_index
+    from promptlookup.drafting.suffix.history import DEFAULT_BUDGET, History
 
     history = None
     fp = fingerprint_fn() if history_path is not None or corpus_path is not None else None

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
-from promptlookup.drafting.static_cache import StaticCache, from_sorted_triples
+from promptlookup.drafting.lookup.static_cache import StaticCache, from_sorted_triples
 
 BLOCK = 4 << 20  # bytes per tokenization block
 MAX_BLOCK = 64 << 20  # a block with no safe cut by then is cut hard
@@ -264,7 +264,7 @@ def open_tokenizer(model_path: str | os.PathLike[str], kind: str = "memo"):  # n
     base = VocabTokenizer(model_path)
     if kind == "llama":
         return base
-    from promptlookup.memo_tokenizer import MemoTokenizer
+    from promptlookup.build.memo_tokenizer import MemoTokenizer
 
     return MemoTokenizer(base)
 
@@ -390,8 +390,8 @@ def build_from_corpus(paths: Sequence[str | os.PathLike[str]], model_path: str |
 def run_create(paths: Sequence[str], model_path: str | os.PathLike[str], output: str, fmt: str = "static",
                workers: int = 2, progress: bool = True, tokenizer: str = "memo") -> CreateStats:
     """``promptlookup create``: build the static cache of ``paths`` and write it atomically to ``output``."""
-    from promptlookup.drafting.llamacpp_file import records_from_static, write_llamacpp
-    from promptlookup.drafting.static_cache import write_static
+    from promptlookup.drafting.lookup.llamacpp_file import records_from_static, write_llamacpp
+    from promptlookup.drafting.lookup.static_cache import write_static
 
     if fmt not in ("static", "llamacpp"):
         raise ValueError(f"unknown cache format {fmt!r} (static or llamacpp)")

@@ -36,8 +36,8 @@ import numpy as np
 from numba import njit
 
 from promptlookup.drafting.base import Draft
-from promptlookup.drafting.ngram_cache import NGRAM_MAX, NGRAM_STATIC, NgramCache, _find
-from promptlookup.drafting.static_cache import (
+from promptlookup.drafting.lookup.cache import NGRAM_MAX, NGRAM_STATIC, NgramCache, _find
+from promptlookup.drafting.lookup.static_cache import (
     STATIC_MIN_PERCENT,
     STATIC_MIN_TOTAL,
     StaticCache,
@@ -358,7 +358,7 @@ class LookupSource:
 def make_lookup_source(static_path: str | None, dynamic_path: str | None, n_vocab: int,
                        fingerprint_fn) -> LookupSource:
     """The ``--lookup`` source of a run: caches loaded from files (either may be absent)."""
-    from promptlookup.drafting.llamacpp_file import load_dynamic, open_static_any
+    from promptlookup.drafting.lookup.llamacpp_file import load_dynamic, open_static_any
 
     static = open_static_any(static_path, n_vocab, fingerprint_fn) if static_path else None
     dynamic = load_dynamic(dynamic_path, n_vocab) if dynamic_path else None
@@ -367,7 +367,7 @@ def make_lookup_source(static_path: str | None, dynamic_path: str | None, n_voca
 
 def save_lookup_dynamic(source: LookupSource, path: str) -> None:
     """End of a run: merge the context cache into the dynamic one and save it atomically."""
-    from promptlookup.drafting.llamacpp_file import save_dynamic
+    from promptlookup.drafting.lookup.llamacpp_file import save_dynamic
 
     source.commit()
     save_dynamic(path, source.dynamic)

@@ -45,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from promptlookup.drafting.suffix_automaton import (
+from promptlookup.drafting.suffix.automaton import (
     E_NEXT,
     E_TO,
     E_TOK,

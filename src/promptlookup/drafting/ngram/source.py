@@ -10,7 +10,7 @@ A best match shorter than ``min_match`` drafts nothing: the gate.
 
 Three implementations with one behaviour: :func:`suffix_match_reference` is the plain statement of
 the rule, :func:`suffix_match` a compiled backward scan (O(context) per call, no state), and
-:class:`~promptlookup.drafting.suffix_index.SuffixIndex` the incremental index the source uses
+:class:`~promptlookup.drafting.ngram.index.SuffixIndex` the incremental index the source uses
 (O(log max_match) probes per call, about a microsecond at any context length). Tests hold all three
 equal, on real text too.
 """
@@ -23,7 +23,7 @@ import numpy as np
 from numba import njit
 
 from promptlookup.drafting.base import Draft
-from promptlookup.drafting.suffix_index import (
+from promptlookup.drafting.ngram.index import (
     _KEYS,
     _MAX_MATCH,
     _MIN_MATCH,
@@ -98,7 +98,7 @@ def suffix_draft_reference(
 
 @njit(cache=True, nogil=True)
 def _scan_span(corpus, n, k, tab, state):
-    """:func:`~promptlookup.drafting.suffix_index._draft_span`'s twin for the scan (``tab`` unused):
+    """:func:`~promptlookup.drafting.ngram.index._draft_span`'s twin for the scan (``tab`` unused):
     ``(start, stop, match_len)``, the draft ``corpus[start:stop]`` empty below the gate."""
     if n < 2:
         return 0, 0, 0
@@ -118,7 +118,7 @@ class SuffixMatchSource:
     KV cache back on a rejected draft (rejected tokens are never appended).
 
     A drafting call is one compiled call (index the new tokens, match, gate, clip: ``_span``, called
-    through its compiled build, see :func:`~promptlookup.drafting.suffix_index.compiled_entry`) plus the
+    through its compiled build, see :func:`~promptlookup.drafting.ngram.index.compiled_entry`) plus the
     returned :class:`Draft`; empty drafts are built once per match length.
     """
 

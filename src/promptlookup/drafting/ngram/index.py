@@ -1,6 +1,6 @@
 """An incremental index for ``--ngram``: the best suffix match in O(log max_match) probes, not O(context).
 
-Why: the backward scan of :func:`promptlookup.drafting.suffix.suffix_match` reads the whole context on
+Why: the backward scan of :func:`promptlookup.drafting.ngram.source.suffix_match` reads the whole context on
 every call (tens of microseconds at 32k tokens). The rule (longest match, capped at ``max_match``,
 most recent among equals, no self-match) only needs, for each length l <= max_match, the most recent
 earlier position where the current l-token suffix ended. So every position e is indexed once, under

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
-from promptlookup.drafting.ngram_cache import NGRAM_MAX, PAD, NgramCache
-from promptlookup.drafting.static_cache import (
+from promptlookup.drafting.lookup.cache import NGRAM_MAX, PAD, NgramCache
+from promptlookup.drafting.lookup.static_cache import (
     CacheFormatError,
     StaticCache,
     build_static,
@@ -228,7 +228,7 @@ def open_static_any(path: str | os.PathLike[str], n_vocab: int, fingerprint_fn,
     ``fingerprint_fn()`` gives the tokenizer's fingerprint; it is only called when needed. ``verify``:
     our format's full body check (llama.cpp's format is always parsed and checked whole).
     """
-    from promptlookup.drafting.static_cache import is_static_file, open_static
+    from promptlookup.drafting.lookup.static_cache import is_static_file, open_static
 
     path = Path(path)
     if not path.is_file():
@@ -249,7 +249,7 @@ def merge_files(inputs: list[str], output: str, fmt: str | None, vocab_fn=None) 
     ``vocab_fn()`` -> (n_vocab, fingerprint) of a tokenizer, needed only to write our format when no
     input is in our format.
     """
-    from promptlookup.drafting.static_cache import is_static_file, open_static, write_static
+    from promptlookup.drafting.lookup.static_cache import is_static_file, open_static, write_static
 
     if not inputs:
         raise ValueError("merge needs at least one input cache")

@@ -2,23 +2,23 @@
 
 Why its own entry: the corpus index is opened once (its open time is the replay's load time, as
 the static cache's is for ``--lookup``) and shared by the one source the replay makes; the replay
-protocol itself is :func:`promptlookup.replay.replay`, unchanged.
+protocol itself is :func:`promptlookup.measure.replay.replay`, unchanged.
 """
 
 from __future__ import annotations
 
 import time
 
-from promptlookup.replay import ReplayStats, read_text_tokens, replay
+from promptlookup.measure.replay import ReplayStats, read_text_tokens, replay
 
 
 def run_stats_suffix(text: str, model_path: str, n_ctx: int, n_draft: int, corpus_path: str | None,
                      verify: bool = False) -> ReplayStats:
     """Replay ``text`` through ``--suffix`` (request + history + the corpus at ``corpus_path``)."""
-    from promptlookup.corpus import VocabTokenizer
-    from promptlookup.drafting.corpus_index import open_index
-    from promptlookup.drafting.history import History
-    from promptlookup.drafting.suffix_source import SuffixSource
+    from promptlookup.build.create import VocabTokenizer
+    from promptlookup.drafting.suffix.corpus_index import open_index
+    from promptlookup.drafting.suffix.history import History
+    from promptlookup.drafting.suffix.source import SuffixSource
 
     tok = VocabTokenizer(model_path)
     tokens = read_text_tokens(text, tok)

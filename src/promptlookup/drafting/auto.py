@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from promptlookup.drafting.base import Draft, DraftSource
-from promptlookup.drafting.suffix import SuffixMatchSource
+from promptlookup.drafting.ngram.source import SuffixMatchSource
 
 # Lower bounds of the match-length buckets: 1, 2, 3, 4-5, 6-8, 9-15, 16-31, 32+.
 MATCH_BUCKETS = (1, 2, 3, 4, 6, 9, 16, 32)
