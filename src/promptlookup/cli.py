@@ -9,11 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from promptlookup.errors import UsageError, UserError
 from promptlookup.speculate import MAX_DRAFT
-
-
-class UsageError(Exception):
-    """A problem with what the user asked for; printed as one line, exit status 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -552,16 +549,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from promptlookup.backends.base import BackendError
-    from promptlookup.backends.models import ModelError
-
+    """Run one command. A user error (bad flag, file, model) or an OSError is one line and exit 2;
+    anything else is a bug in promptlookup and shows its traceback, with a line saying so."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
-    except (UsageError, ModelError, BackendError, ValueError, OSError) as exc:
+    except (UserError, OSError) as exc:
         print(f"promptlookup: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("promptlookup: interrupted", file=sys.stderr)
         return 130
+    except Exception:
+        print("promptlookup: internal error (a bug in promptlookup, not in what you asked for); "
+              "please report it with the traceback below", file=sys.stderr)
+        raise

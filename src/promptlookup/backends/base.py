@@ -10,8 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+from promptlookup.errors import UserError
 
-class BackendError(RuntimeError):
+
+class BackendError(UserError, RuntimeError):
     """A backend could not do what was asked (model load, decode, context overflow)."""
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from promptlookup.drafting.base import DraftSource
+from promptlookup.errors import UsageError
 from promptlookup.telemetry import Counters
 
 CELL_KEYS = {
@@ -41,7 +42,7 @@ CELL_KEYS = {
 PEERS = {"peer-llamacpp": ("llamacpp", "pred", "llama.cpp"), "peer-hf": ("hf", "pld", "transformers")}
 
 
-class CellError(ValueError):
+class CellError(UsageError, ValueError):
     """A cell specification that names an unknown source or setting."""
 
 

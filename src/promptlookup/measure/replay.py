@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from promptlookup.drafting.base import DraftSource
+from promptlookup.errors import InputError
 
 
 @dataclass
@@ -84,9 +85,9 @@ def replay(tokens: Sequence[int], n_ctx: int, n_draft: int,
            source_factory: Callable[[], DraftSource], t_load_s: float = 0.0) -> ReplayStats:
     """Replay ``tokens`` through one source (made once by ``source_factory``) as lookup-stats does."""
     if n_ctx < 2:
-        raise ValueError(f"the replay chunk size (-c) must be at least 2, got {n_ctx}")
+        raise InputError(f"the replay chunk size (-c) must be at least 2, got {n_ctx}")
     if n_draft < 1:
-        raise ValueError(f"--draft must be at least 1, got {n_draft}")
+        raise InputError(f"--draft must be at least 1, got {n_draft}")
     toks = [int(t) for t in tokens]
     n_input = len(toks)
     source = source_factory()
@@ -137,10 +138,10 @@ def read_text_tokens(path: str, tokenizer, as_list: bool = True):
 
     p = Path(path)
     if not p.is_file():
-        raise ValueError(f"text file not found: {p}")
+        raise InputError(f"text file not found: {p}")
     data = p.read_bytes()
     if not data.strip():
-        raise ValueError(f"text file is empty: {p}")
+        raise InputError(f"text file is empty: {p}")
     ids = tokenizer.tokenize(data, add_special=True, parse_special=True)
     return [int(t) for t in ids] if as_list else ids
 

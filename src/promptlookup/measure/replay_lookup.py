@@ -31,6 +31,7 @@ from promptlookup.drafting.lookup.source import (
     _table,
 )
 from promptlookup.drafting.lookup.static_cache import StaticCache
+from promptlookup.errors import InputError
 from promptlookup.measure.replay import ReplayStats
 
 
@@ -95,9 +96,9 @@ def replay_lookup(tokens: Sequence[int] | np.ndarray, n_ctx: int, n_draft: int,
                   t_load_s: float = 0.0) -> ReplayStats:
     """Fast twin of ``replay(tokens, n_ctx, n_draft, lambda: LookupSource(static, dynamic))``."""
     if n_ctx < 2:
-        raise ValueError(f"the replay chunk size (-c) must be at least 2, got {n_ctx}")
+        raise InputError(f"the replay chunk size (-c) must be at least 2, got {n_ctx}")
     if n_draft < 1:
-        raise ValueError(f"--draft must be at least 1, got {n_draft}")
+        raise InputError(f"--draft must be at least 1, got {n_draft}")
     toks = np.ascontiguousarray(tokens, dtype=np.int32)
     n_input = len(toks)
     warm_up(static)

@@ -28,6 +28,7 @@ from promptlookup.drafting.lookup.static_cache import (
     StaticCache,
     build_static,
 )
+from promptlookup.errors import InputError
 from promptlookup.fileio import atomic_write
 
 I32_MAX = 2**31 - 1
@@ -165,7 +166,7 @@ def read_llamacpp(path: str | os.PathLike[str], n_vocab: int | None = None) -> R
 def pack_llamacpp(keys: np.ndarray, off: np.ndarray, tok: np.ndarray, cnt: np.ndarray) -> bytes:
     """Records in llama.cpp's layout, sorted by key; followers must already be sorted by token."""
     if len(cnt) and int(np.max(cnt)) > I32_MAX:
-        raise ValueError("a count exceeds 2**31 - 1, which llama.cpp's int32 cache format cannot hold")
+        raise InputError("a count exceeds 2**31 - 1, which llama.cpp's int32 cache format cannot hold")
     keys = np.ascontiguousarray(keys, dtype=np.int32).reshape(-1, NGRAM_MAX)
     order = np.lexsort(keys.T[::-1]) if len(keys) else np.zeros(0, dtype=np.int64)
     out = _pack(keys, np.asarray(off, dtype=np.int64), np.asarray(tok, dtype=np.int32),
@@ -252,7 +253,7 @@ def merge_files(inputs: list[str], output: str, fmt: str | None, vocab_fn=None) 
     from promptlookup.drafting.lookup.static_cache import is_static_file, open_static, write_static
 
     if not inputs:
-        raise ValueError("merge needs at least one input cache")
+        raise InputError("merge needs at least one input cache")
     for p in inputs:
         if not Path(p).is_file():
             raise CacheFormatError(f"cache not found: {p}")
@@ -278,7 +279,7 @@ def merge_files(inputs: list[str], output: str, fmt: str | None, vocab_fn=None) 
             elif vocab_fn is not None:
                 n_vocab, fp = vocab_fn()
             else:
-                raise ValueError("writing our static format needs a tokenizer fingerprint: give -m MODEL")
+                raise InputError("writing our static format needs a tokenizer fingerprint: give -m MODEL")
             t0s, t1s, toks, cnts = [], [], [], []
             for i, (keys, off, tok, cnt) in enumerate(parts):
                 if len(keys) and not (np.all(keys[:, :2] >= 0) and np.all(keys[:, 2:] == PAD)):
@@ -295,7 +296,7 @@ def merge_files(inputs: list[str], output: str, fmt: str | None, vocab_fn=None) 
             return (f"merge: {len(inputs)} caches -> {output} (static format): {merged.n_keys} 2-grams, "
                     f"{merged.n_followers} followers, {size} bytes")
         if fmt != "llamacpp":
-            raise ValueError(f"unknown cache format {fmt!r} (static or llamacpp)")
+            raise InputError(f"unknown cache format {fmt!r} (static or llamacpp)")
         total = NgramCache(capacity=max(16, sum(len(p[0]) for p in parts)))
         for rec in parts:
             total.add_records(*rec)

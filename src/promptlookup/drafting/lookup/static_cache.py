@@ -63,6 +63,7 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
+from promptlookup.errors import InputError, UserError
 from promptlookup.fileio import atomic_write
 
 MAGIC = b"PLSTATIC"
@@ -75,7 +76,7 @@ STATIC_MIN_TOTAL = 2  # llama.cpp: draft_min_sample_size_lax[LLAMA_NGRAM_STATIC 
 STATIC_MIN_PERCENT = 50  # llama.cpp: draft_min_percent_lax[LLAMA_NGRAM_STATIC - 1]
 
 
-class CacheFormatError(ValueError):
+class CacheFormatError(UserError, ValueError):
     """A cache file that cannot be used; the message names the file and the problem."""
 
 
@@ -266,10 +267,10 @@ def from_sorted_triples(t0: np.ndarray, t1: np.ndarray, fol: np.ndarray, count: 
         kstart = np.zeros(0, dtype=np.int64)
     n_keys = len(kstart)
     if n_fol > U32_MAX or n_keys > U32_MAX:
-        raise ValueError("the corpus is too large for the static cache format (2**32 followers)")
+        raise InputError("the corpus is too large for the static cache format (2**32 followers)")
     totals = np.add.reduceat(np.asarray(count, dtype=np.int64), kstart) if n_keys else np.zeros(0, np.int64)
     if n_keys and totals.max() > U32_MAX:
-        raise ValueError("a 2-gram occurs more than 2**32 times: too large for the static cache format")
+        raise InputError("a 2-gram occurs more than 2**32 times: too large for the static cache format")
     key_off = np.empty(n_keys + 1, dtype=np.uint32)
     key_off[:-1] = kstart
     key_off[-1] = n_fol

@@ -46,6 +46,7 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit
 
+from promptlookup.errors import UserError
 from promptlookup.fileio import atomic_write
 
 MAGIC = b"PLSUFIDX"
@@ -55,7 +56,7 @@ assert HEADER.size == 128
 DEFAULT_MAX_MATCH = 32  # longest context suffix searched in the corpus
 
 
-class CorpusIndexError(ValueError):
+class CorpusIndexError(UserError, ValueError):
     """A corpus index file that is not ours, not for this tokenizer, truncated or corrupt."""
 
 

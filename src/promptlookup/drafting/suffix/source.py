@@ -73,6 +73,7 @@ from promptlookup.drafting.suffix.corpus_index import (
     _search_from,
     empty_index,
 )
+from promptlookup.errors import InputError
 
 DEFAULT_MIN_MATCH = 1
 DEFAULT_MIN_PROB = 0.0
@@ -422,7 +423,7 @@ class SuffixSource:
         self.corpus_margin = int(corpus_margin)
         self._index = corpus if corpus is not None else empty_index()
         if corpus is not None and corpus.n_vocab > n_vocab:
-            raise ValueError(f"the corpus index has a vocabulary of {corpus.n_vocab}, "
+            raise InputError(f"the corpus index has a vocabulary of {corpus.n_vocab}, "
                              f"beyond n_vocab {n_vocab}")
         self._local = SuffixAutomaton(depth=depth)
         self._buf = np.zeros(1024, dtype=np.int32)  # the request's tokens, then a draft's scratch
@@ -433,7 +434,7 @@ class SuffixSource:
         self._scratch = np.zeros((5, n_vocab), dtype=np.float64)
         self._scratch[R_LLAST : R_GLAST + 1] = -1.0
         if history is not None and history.max_token >= n_vocab:
-            raise ValueError(f"the history holds token {history.max_token}, beyond n_vocab {n_vocab}")
+            raise InputError(f"the history holds token {history.max_token}, beyond n_vocab {n_vocab}")
         self._committed = True
         self._g_seen: SuffixAutomaton | None = None
         self._g_len = -1
