@@ -73,6 +73,22 @@ def test_merge_files_static_and_llamacpp(tmp_path):
     assert tok.tolist() == [3, 4, 0, 0] and cnt.tolist() == [7, 1, 7, 2]
 
 
+def test_merge_error_names_the_file_at_fault(tmp_path):
+    """A static-format file first, then a llama.cpp file holding 3-grams: the error names the latter."""
+    import pytest
+
+    from promptlookup.drafting.lookup.static_cache import CacheFormatError
+
+    write_static(tmp_path / "good.plc", build_static([1, 2], [2, 3], [3, 4], [1, 1], 8, FP))
+    c = NgramCache()
+    c.update([1, 2, 3, 4, 1, 2, 3, 5])  # 1..4-grams
+    save_dynamic(tmp_path / "bad.lcp", c)
+    with pytest.raises(CacheFormatError, match="bad.lcp: holds n-grams other than 2-grams") as exc:
+        merge_files([str(tmp_path / "good.plc"), str(tmp_path / "bad.lcp")], str(tmp_path / "o.plc"),
+                    "static")
+    assert "good.plc" not in str(exc.value)
+
+
 def test_dynamic_round_trip(tmp_path):
     c = NgramCache()
     c.update([4, 5, 6, 4, 5, 7])

@@ -36,13 +36,3 @@ class Backend(Protocol):
     def is_eog(self, token: int) -> bool:
         """True when ``token`` ends generation (EOS, EOT, ...)."""
 
-
-@runtime_checkable
-class Tokenizer(Protocol):
-    """Text to ids and back, with the model's own vocabulary."""
-
-    n_vocab: int
-
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
-
-    def detokenize(self, ids: Sequence[int]) -> str: ...

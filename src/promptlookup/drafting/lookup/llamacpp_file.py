@@ -269,10 +269,13 @@ def merge_files(inputs: list[str], output: str, fmt: str | None, vocab_fn=None) 
                                                     if k == "static"], statics, strict=True)))
         n_vocab = next(iter(fps))[0] if fps else None
         parts: list[Records] = []
+        names: list[str] = []  # parts[i] came from names[i]: llama.cpp files first, then ours
         for p, k in zip(inputs, kinds, strict=True):
             if k == "llamacpp":
                 parts.append(read_llamacpp(p, n_vocab))
+                names.append(p)
         parts.extend(records_from_static(c) for c in statics)
+        names.extend(p for p, k in zip(inputs, kinds, strict=True) if k == "static")
         if fmt == "static":
             if fps:
                 n_vocab, fp = next(iter(fps))
@@ -283,7 +286,7 @@ def merge_files(inputs: list[str], output: str, fmt: str | None, vocab_fn=None) 
             t0s, t1s, toks, cnts = [], [], [], []
             for i, (keys, off, tok, cnt) in enumerate(parts):
                 if len(keys) and not (np.all(keys[:, :2] >= 0) and np.all(keys[:, 2:] == PAD)):
-                    raise CacheFormatError(f"{inputs[i] if i < len(inputs) else 'an input'}: holds "
+                    raise CacheFormatError(f"{names[i]}: holds "
                                            "n-grams other than 2-grams; merge it with --format llamacpp")
                 per = np.diff(off)
                 t0s.append(np.repeat(keys[:, 0], per))
