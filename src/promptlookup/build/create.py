@@ -281,19 +281,19 @@ def describe_tokenizer(tok) -> str:  # noqa: ANN001
 _WORKER = None  # the worker process's tokenizer
 
 
-def _worker_init(model_path: str, kind: str = "memo") -> None:
+def worker_init(model_path: str, kind: str = "memo") -> None:
     global _WORKER
     _WORKER = open_tokenizer(model_path, kind)
 
 
-def _worker_tokens(data: bytes, add_special: bool) -> np.ndarray:
+def worker_tokens(data: bytes, add_special: bool) -> np.ndarray:
     """A block's tokens in a worker process (``add_special`` for the stream's first block)."""
     assert _WORKER is not None
     return _WORKER.tokenize(data, add_special=add_special, parse_special=True)
 
 
 def _worker_count(data: bytes, add_special: bool, bits: int) -> tuple:
-    tokens = _worker_tokens(data, add_special)
+    tokens = worker_tokens(data, add_special)
     keys, counts = count_triples(tokens, bits)
     return keys, counts, tokens[:2].copy(), tokens[-2:].copy(), len(tokens)
 
@@ -352,7 +352,7 @@ def build_from_corpus(paths: Sequence[str | os.PathLike[str]], model_path: str |
         bar.update(nbytes)
 
     ctx = get_context("spawn")
-    with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=ctx, initializer=_worker_init,
+    with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=ctx, initializer=worker_init,
                              initargs=(str(model_path), tokenizer)) as pool:
         inflight: deque[tuple[Future, int]] = deque()
         first = True

@@ -62,11 +62,11 @@ def tokenize_corpus(paths: Sequence[str | os.PathLike[str]], model_path: str | o
                file=sys.stderr)
     parts: list[np.ndarray] = []
     with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=get_context("spawn"),
-                             initializer=corpus._worker_init, initargs=(str(model_path), tokenizer)) as pool:
+                             initializer=corpus.worker_init, initargs=(str(model_path), tokenizer)) as pool:
         inflight: deque[tuple[Future, int]] = deque()
         first = True
         for data in iter_blocks(paths, block):
-            inflight.append((pool.submit(corpus._worker_tokens, data, first), len(data)))
+            inflight.append((pool.submit(corpus.worker_tokens, data, first), len(data)))
             first = False
             while len(inflight) >= 2 * max(1, workers):
                 fut, nbytes = inflight.popleft()

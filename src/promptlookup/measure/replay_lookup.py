@@ -20,15 +20,14 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit
 
-from promptlookup.drafting.lookup.cache import NGRAM_MAX, NGRAM_MIN, NgramCache, _update
+from promptlookup.drafting.lookup.cache import NGRAM_MAX, NGRAM_MIN, NgramCache, update_ngrams
 from promptlookup.drafting.lookup.source import (
-    _CTX_A,
-    _CTX_P,
-    _DYN_A,
-    _DYN_P,
+    CTX_A,
+    CTX_P,
+    DYN_A,
+    DYN_P,
     LookupSource,
-    _draft_core,
-    _table,
+    draft_core,
 )
 from promptlookup.drafting.lookup.static_cache import StaticCache
 from promptlookup.errors import InputError
@@ -50,7 +49,7 @@ def _replay_chunk(chunk, n_ctx, n_draft, buf,
     n_drafted = 0
     n_accept = 0
     while n < n_ctx:
-        d = _draft_core(buf, n, n_draft, c_slots, c_keys, c_head, c_total, c_maxc, c_tok, c_cnt, c_next,
+        d = draft_core(buf, n, n_draft, c_slots, c_keys, c_head, c_total, c_maxc, c_tok, c_cnt, c_next,
                         d_slots, d_keys, d_head, d_total, d_maxc, d_tok, d_cnt, d_next,
                         first_off, key_second, key_draft, key_total, key_off, fol_token, fol_count,
                         ctx_a, ctx_p, dyn_a, dyn_p, info, sub)
@@ -61,26 +60,26 @@ def _replay_chunk(chunk, n_ctx, n_draft, buf,
                 break
             n += 1
             n_accept += 1
-            _update(c_slots, c_keys, c_head, c_total, c_maxc, c_tok, c_cnt, c_next, c_meta, buf, n, 1,
+            update_ngrams(c_slots, c_keys, c_head, c_total, c_maxc, c_tok, c_cnt, c_next, c_meta, buf, n, 1,
                     NGRAM_MIN, NGRAM_MAX)
         if n < n_ctx:
             buf[n] = chunk[n]
             n += 1
-            _update(c_slots, c_keys, c_head, c_total, c_maxc, c_tok, c_cnt, c_next, c_meta, buf, n, 1,
+            update_ngrams(c_slots, c_keys, c_head, c_total, c_maxc, c_tok, c_cnt, c_next, c_meta, buf, n, 1,
                     NGRAM_MIN, NGRAM_MAX)
     return n_drafted, n_accept
 
 
 def _run_chunk(chunk: np.ndarray, n_draft: int, buf: np.ndarray, source: LookupSource) -> tuple[int, int]:
     ctx = source.context
-    return _replay_chunk(chunk, len(chunk), n_draft, buf, *_table(ctx), ctx._meta, *_table(source.dynamic),
-                         *source.static.arrays, _CTX_A, _CTX_P, _DYN_A, _DYN_P)
+    return _replay_chunk(chunk, len(chunk), n_draft, buf, *ctx.tables, ctx.meta, *source.dynamic.tables,
+                         *source.static.arrays, CTX_A, CTX_P, DYN_A, DYN_P)
 
 
 def _fresh_context(ctx: NgramCache, n_ctx: int) -> None:
     ctx.clear()
     size = (NGRAM_MAX - NGRAM_MIN + 1) * n_ctx
-    ctx._reserve(size, size)
+    ctx.reserve(size, size)
 
 
 def warm_up(static: StaticCache | None = None) -> None:

@@ -168,18 +168,18 @@ def simulate_text(tokens: Sequence[int], n_ctx: int, curve: CostCurve,
                   oracle_sources: Callable[[], Sequence[DraftSource]] | None = None,
                   max_draft: int = 8) -> list[SimResult]:
     """Every policy (label -> (source factory, draft length)) over the replay's chunks, plus the
-    oracle over ``oracle_sources``. One source instance lives across chunks, as in the replay:
-    a source with ``commit()`` (the lookup caches) learns from earlier chunks."""
+    oracle over ``oracle_sources``. One source instance lives across chunks, as in the replay, and
+    is committed after each: a source that learns across requests (the lookup caches, the suffix
+    history) learns from earlier chunks."""
     chunks = _chunks(tokens, n_ctx)
     results = []
     for label, (factory, draft) in policies.items():
         source = factory()
-        commit = getattr(source, "commit", None)
         parts = []
         for chunk in chunks:
             parts.append(simulate(chunk[:1], chunk[1:], source, draft, curve, label))
-            if commit is not None:
-                commit()
+            if source is not None:
+                source.commit()
         results.append(_total(label, parts))
     if oracle_sources is not None:
         sources = list(oracle_sources())
@@ -187,8 +187,7 @@ def simulate_text(tokens: Sequence[int], n_ctx: int, curve: CostCurve,
         for chunk in chunks:
             parts.append(oracle(chunk[:1], chunk[1:], sources, max_draft, curve))
             for s in sources:
-                if hasattr(s, "commit"):
-                    s.commit()
+                s.commit()
         results.append(_total("oracle", parts))
     return results
 

@@ -128,7 +128,7 @@ class StaticCache:
                 self.fol_token, self.fol_count)
 
     def key_index(self, t0: int, t1: int) -> int:
-        return int(_static_key(self.first_off, self.key_second, t0, t1))
+        return int(static_key(self.first_off, self.key_second, t0, t1))
 
     def get(self, ngram: Sequence[int]) -> dict[int, int]:
         """Followers of a 2-gram as ``{token: count}`` (the slow path, for tests and conversions)."""
@@ -174,7 +174,7 @@ def empty_static() -> StaticCache:
 
 # -- lookups (numba, bounds-checked: a corrupt file can mislead, never crash) ---------------------
 @njit(cache=True)
-def _static_key(first_off, key_second, t0, t1):
+def static_key(first_off, key_second, t0, t1):
     """Index of the key ``(t0, t1)`` or -1."""
     if t0 < 0 or t0 + 1 >= first_off.shape[0]:
         return -1
@@ -194,7 +194,7 @@ def _static_key(first_off, key_second, t0, t1):
 
 
 @njit(cache=True)
-def _follower_range(key_off, n_fol, k):
+def follower_range(key_off, n_fol, k):
     """``(lo, hi)`` of key ``k``'s followers, or ``(0, 0)`` when the offsets are out of bounds."""
     if k < 0 or k + 1 >= key_off.shape[0]:
         return 0, 0
@@ -206,7 +206,7 @@ def _follower_range(key_off, n_fol, k):
 
 
 @njit(cache=True)
-def _search(fol_token, fol_count, lo, hi, token):
+def search_follower(fol_token, fol_count, lo, hi, token):
     end = hi
     while lo < hi:
         mid = (lo + hi) >> 1
@@ -221,10 +221,10 @@ def _search(fol_token, fol_count, lo, hi, token):
 
 @njit(cache=True)
 def _follower_count(key_off, fol_token, fol_count, k, token):
-    lo, hi = _follower_range(key_off, fol_token.shape[0], k)
+    lo, hi = follower_range(key_off, fol_token.shape[0], k)
     if lo >= hi:
         return np.int64(0)
-    return _search(fol_token, fol_count, lo, hi, token)
+    return search_follower(fol_token, fol_count, lo, hi, token)
 
 
 # -- building -----------------------------------------------------------------------------------

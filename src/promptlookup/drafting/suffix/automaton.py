@@ -203,7 +203,7 @@ def _append(st, ed, hk, hv, meta, tok):
 
 
 @njit(cache=True)
-def _extend(st, ed, hk, hv, meta, tokens):
+def extend_tokens(st, ed, hk, hv, meta, tokens):
     for i in range(len(tokens)):
         _append(st, ed, hk, hv, meta, tokens[i])
 
@@ -284,7 +284,7 @@ class SuffixAutomaton:
         if len(arr) == 0:
             return
         self.reserve(self.n_tokens + len(arr))
-        _extend(self.st, self.ed, self.hk, self.hv, self.meta, arr)
+        extend_tokens(self.st, self.ed, self.hk, self.hv, self.meta, arr)
 
     @property
     def last_state(self) -> int:
