@@ -73,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-n", "--n-predict", type=_int_in(1, None, "--n-predict"), default=256,
                    help="maximum tokens to generate (default 256)")
     how = g.add_mutually_exclusive_group()
-    how.add_argument("--ngram", action="store_true", help="draft by suffix match (seed 000)")
+    how.add_argument("--ngram", action="store_true",
+                     help="draft what followed the longest earlier match of the last tokens")
     how.add_argument("--lookup", action="store_true", help="draft by llama.cpp's n-gram caches")
     how.add_argument("--suffix", action="store_true",
                      help="draft from a suffix automaton over the request and --suffix-history")
@@ -119,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_bench_command(sub) -> None:
-    b = sub.add_parser("bench", help="A/B cells back to back on one loaded model (seed 000's tables)")
+    b = sub.add_parser("bench", help="A/B cells back to back on one loaded model")
     _add_model_args(b, backend=True)
     b.add_argument("-w", "--workload", nargs="+", default=["benchmarks/workloads"], metavar="PATH",
                    help="prompt files, or directories of *.txt prompts (default benchmarks/workloads)")
