@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from promptlookup.backends.llama_cpp import LlamaCppBackend
-from promptlookup.drafting.suffix import SuffixMatchSource
-from promptlookup.models import bundled_model_path
+from promptlookup.backends.models import bundled_model_path
+from promptlookup.drafting.ngram.source import SuffixMatchSource
 from promptlookup.speculate import generate
 
 WORKLOADS = Path(__file__).parent / "workloads"

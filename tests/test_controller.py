@@ -7,15 +7,15 @@ from fakes import FakeModel
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from promptlookup.drafting.base import Draft
-from promptlookup.drafting.controller import (
+from promptlookup.drafting.auto import (
     AcceptanceModel,
     AutoDrafter,
     best_length,
     expected_tokens,
     match_bucket,
 )
-from promptlookup.drafting.suffix import SuffixMatchSource
+from promptlookup.drafting.base import Draft
+from promptlookup.drafting.ngram.source import SuffixMatchSource
 from promptlookup.speculate import generate
 
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
-from promptlookup.drafting.corpus_index import (
+from promptlookup.drafting.suffix.corpus_index import (
     HEADER,
     MAGIC,
     CorpusIndexError,
@@ -23,8 +23,8 @@ from promptlookup.drafting.corpus_index import (
     suffix_array_reference,
     write_index,
 )
-from promptlookup.drafting.history import History
-from promptlookup.drafting.suffix_source import SuffixSource, draft_reference
+from promptlookup.drafting.suffix.history import History
+from promptlookup.drafting.suffix.source import SuffixSource, draft_reference
 
 FP = "0123456789abcdef"
 # a hand-made corpus: "1 2" is followed by 3 (twice), 4 (once); "7 8" by 5 and 6 once each
@@ -291,9 +291,9 @@ def test_index_then_stats_cli(tmp_path, capsys):
     import json
     import sysconfig
 
+    from promptlookup.backends.models import bundled_model_path
+    from promptlookup.build.create import VocabTokenizer
     from promptlookup.cli import main
-    from promptlookup.corpus import VocabTokenizer
-    from promptlookup.models import bundled_model_path
 
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     names = sorted(str(p) for p in (stdlib / "email").glob("*.py"))[:8]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import requires_model
 
-from promptlookup import doctor
+from promptlookup.backends import doctor
 from promptlookup.backends.base import BackendError
 from promptlookup.backends.llama_cpp_smoke import SmokeFailure, compare_rows
 
@@ -148,7 +148,7 @@ def test_smoke_test_on_the_real_model(real_backend):
 
 @requires_model
 def test_smoke_child_on_the_real_model():
-    from promptlookup.models import bundled_model_path
+    from promptlookup.backends.models import bundled_model_path
 
     out = doctor.run_smoke_child(bundled_model_path(), threads=2)
     assert out.ok, out.line()

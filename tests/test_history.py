@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
-from promptlookup.drafting.history import HEADER, MAGIC, History, HistoryFormatError
-from promptlookup.drafting.suffix_automaton import SEP
-from promptlookup.drafting.suffix_source import SuffixSource
+from promptlookup.drafting.suffix.automaton import SEP
+from promptlookup.drafting.suffix.history import HEADER, MAGIC, History, HistoryFormatError
+from promptlookup.drafting.suffix.source import SuffixSource
 
 
 def test_eviction_drops_oldest_to_low_water():

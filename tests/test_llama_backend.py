@@ -7,7 +7,7 @@ import pytest
 from conftest import requires_model
 
 from promptlookup.backends.base import BackendError
-from promptlookup.drafting.suffix import SuffixMatchSource
+from promptlookup.drafting.ngram.source import SuffixMatchSource
 from promptlookup.speculate import generate
 
 pytestmark = [requires_model, pytest.mark.model]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from promptlookup import doctor
+from promptlookup.backends import doctor
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "llama_build.py"
 _spec = importlib.util.spec_from_file_location("llama_build", SCRIPT)

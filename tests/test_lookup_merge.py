@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from promptlookup.drafting.llamacpp_file import (
+from promptlookup.drafting.lookup.cache import DictNgramCache, NgramCache
+from promptlookup.drafting.lookup.llamacpp_file import (
     load_dynamic,
     merge_files,
     read_llamacpp,
@@ -12,8 +13,7 @@ from promptlookup.drafting.llamacpp_file import (
     save_dynamic,
     write_llamacpp,
 )
-from promptlookup.drafting.ngram_cache import DictNgramCache, NgramCache
-from promptlookup.drafting.static_cache import build_static, open_static, write_static
+from promptlookup.drafting.lookup.static_cache import build_static, open_static, write_static
 
 FP = "00112233445566aa"
 
@@ -71,6 +71,22 @@ def test_merge_files_static_and_llamacpp(tmp_path):
     keys, off, tok, cnt = read_llamacpp(tmp_path / "o.lcp")
     assert keys[:, :2].tolist() == [[1, 2], [2, 2], [2, 3]]
     assert tok.tolist() == [3, 4, 0, 0] and cnt.tolist() == [7, 1, 7, 2]
+
+
+def test_merge_error_names_the_file_at_fault(tmp_path):
+    """A static-format file first, then a llama.cpp file holding 3-grams: the error names the latter."""
+    import pytest
+
+    from promptlookup.drafting.lookup.static_cache import CacheFormatError
+
+    write_static(tmp_path / "good.plc", build_static([1, 2], [2, 3], [3, 4], [1, 1], 8, FP))
+    c = NgramCache()
+    c.update([1, 2, 3, 4, 1, 2, 3, 5])  # 1..4-grams
+    save_dynamic(tmp_path / "bad.lcp", c)
+    with pytest.raises(CacheFormatError, match="bad.lcp: holds n-grams other than 2-grams") as exc:
+        merge_files([str(tmp_path / "good.plc"), str(tmp_path / "bad.lcp")], str(tmp_path / "o.plc"),
+                    "static")
+    assert "good.plc" not in str(exc.value)
 
 
 def test_dynamic_round_trip(tmp_path):

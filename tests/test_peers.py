@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 from conftest import requires_model
 
-from promptlookup.bench import PEERS, CellError, CellRun, parse_cell, table
-from promptlookup.peers import PeerRun, _FirstTokenTimer
+from promptlookup.measure.bench import PEERS, CellError, CellRun, parse_cell, table
+from promptlookup.measure.peers import PeerRun, _FirstTokenTimer
 
 COPY = "alpha beta gamma delta epsilon zeta eta theta " * 4
 
@@ -55,7 +55,7 @@ def test_unknown_comparison_renders_as_dash():
 @requires_model
 @pytest.mark.model
 def test_llamacpp_peer_plain_equals_our_plain_and_lookup_runs(real_backend):
-    from promptlookup import peers
+    from promptlookup.measure import peers
     from promptlookup.speculate import generate
 
     prompt = real_backend.tokenize(COPY)
@@ -74,7 +74,7 @@ def test_llamacpp_peer_plain_equals_our_plain_and_lookup_runs(real_backend):
 @requires_model
 @pytest.mark.model
 def test_bench_runs_peer_cells_in_the_same_table(real_backend):
-    from promptlookup.bench import run_bench
+    from promptlookup.measure.bench import run_bench
 
     prompt = real_backend.tokenize(COPY)
     cells = [parse_cell("off"), parse_cell("peer-llamacpp:pred=0"), parse_cell("peer-llamacpp:pred=2")]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from promptlookup.drafting.lookup import LookupSource, draft_reference
-from promptlookup.drafting.ngram_cache import DictNgramCache
-from promptlookup.drafting.suffix import SuffixMatchSource, suffix_draft_reference
-from promptlookup.replay import replay
+from promptlookup.drafting.lookup.cache import DictNgramCache
+from promptlookup.drafting.lookup.source import LookupSource, draft_reference
+from promptlookup.drafting.ngram.source import SuffixMatchSource, suffix_draft_reference
+from promptlookup.measure.replay import replay
 
 TEXT = [1, 2, 3] * 5 + [1, 2]  # 17 tokens: two chunks of 8 replayed, one token left over
 

@@ -10,11 +10,11 @@ import pytest
 from conftest import HAVE_MODEL
 
 import promptlookup
-from promptlookup.drafting.lookup import LookupSource
-from promptlookup.drafting.ngram_cache import NgramCache
-from promptlookup.drafting.static_cache import build_static
-from promptlookup.replay import replay
-from promptlookup.replay_lookup import replay_lookup
+from promptlookup.drafting.lookup.cache import NgramCache
+from promptlookup.drafting.lookup.source import LookupSource
+from promptlookup.drafting.lookup.static_cache import build_static
+from promptlookup.measure.replay import replay
+from promptlookup.measure.replay_lookup import replay_lookup
 
 FP = "0123456789abcdef"
 
@@ -72,8 +72,8 @@ def test_tiny_texts_and_settings():
 @pytest.mark.parametrize("n_draft", [3, 8])
 def test_same_counts_on_real_tokens(n_draft):
     """Seed 001's hard check for the replay: SmolLM2 tokens, a static cache from other real text."""
-    from promptlookup.corpus import VocabTokenizer
-    from promptlookup.models import bundled_model_path
+    from promptlookup.backends.models import bundled_model_path
+    from promptlookup.build.create import VocabTokenizer
 
     tok = VocabTokenizer(bundled_model_path())
     stdlib = pathlib.Path(sysconfig.get_paths()["stdlib"])

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from promptlookup.costs import CostCurve, CostCurveError
-from promptlookup.drafting.controller import AutoDrafter
-from promptlookup.drafting.suffix import SuffixMatchSource
-from promptlookup.simulate import acceptable_lengths, oracle, simulate, sweep
+from promptlookup.drafting.auto import AutoDrafter
+from promptlookup.drafting.ngram.source import SuffixMatchSource
+from promptlookup.measure.costs import CostCurve, CostCurveError
+from promptlookup.measure.simulate import acceptable_lengths, oracle, simulate, sweep
 
 STEEP = CostCurve((1.0, 1.74, 2.08, 2.46, 3.10, 3.53, 3.91, 4.0, 4.65))
 
@@ -79,7 +79,7 @@ def test_multi_source_oracle_takes_the_better_offer_each_step():
 
 
 def test_simulate_text_chunks_and_labels():
-    from promptlookup.simulate import report_table, simulate_text
+    from promptlookup.measure.simulate import report_table, simulate_text
 
     tokens = [1, 2, 3, 4] * 30
     res = simulate_text(tokens, 40, CostCurve.flat(9),

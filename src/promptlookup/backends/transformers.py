@@ -66,7 +66,7 @@ def split_model_path(path: str | os.PathLike[str]) -> tuple[Path, str | None]:
         if not (p / "config.json").is_file():
             raise BackendError(f"model directory has no config.json: {p}")
         return p, None
-    from promptlookup.models import check_gguf
+    from promptlookup.backends.models import check_gguf
 
     try:
         p = check_gguf(p)

@@ -41,6 +41,9 @@ class DraftSource(Protocol):
     def propose(self, k: int) -> Draft:
         """Propose at most ``k`` tokens to follow the confirmed text; an empty draft abstains."""
 
+    def commit(self) -> None:
+        """End of a request: keep what should carry over to the next one (a no-op where nothing does)."""
+
 
 class NoDraft:
     """The plain-decoding source: it always abstains, so every step is a single-token decode."""
@@ -55,3 +58,6 @@ class NoDraft:
 
     def propose(self, k: int) -> Draft:
         return Draft(source=self.name)
+
+    def commit(self) -> None:
+        pass

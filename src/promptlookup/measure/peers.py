@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from promptlookup.errors import InputError
 from promptlookup.telemetry import Counters, ResourceProbe
 
 
@@ -187,5 +188,5 @@ def run_cell(peer: str, setting: int, backend: Any, prompt: Sequence[int], max_t
 def _gguf_of(backend: Any) -> Path:
     path = Path(backend.model_path)
     if path.is_dir():
-        raise ValueError(f"peer-llamacpp needs a GGUF file, and the bench model is a directory: {path}")
+        raise InputError(f"peer-llamacpp needs a GGUF file, and the bench model is a directory: {path}")
     return path

@@ -23,11 +23,11 @@ sources, so the speculative loop needs no special case for it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from promptlookup.drafting.base import Draft, DraftSource
-from promptlookup.drafting.suffix import SuffixMatchSource
+from promptlookup.drafting.spec import Option, Run, SourceSpec, options_of, save_state, source_factory
 
 # Lower bounds of the match-length buckets: 1, 2, 3, 4-5, 6-8, 9-15, 16-31, 32+.
 MATCH_BUCKETS = (1, 2, 3, 4, 6, 9, 16, 32)
@@ -170,9 +170,7 @@ class AutoDrafter:
     def commit(self) -> None:
         """End of a request: sources that learn across requests (lookup's dynamic cache) keep it."""
         for s in self.sources:
-            commit = getattr(s, "commit", None)
-            if commit is not None:
-                commit()
+            s.commit()
 
     def extend(self, tokens: Sequence[int]) -> None:
         for s in self.sources:
@@ -230,4 +228,50 @@ class AutoDrafter:
 
 def auto_sources(*extra: DraftSource | None) -> list[DraftSource]:
     """The sources ``auto`` weighs: the suffix matcher, ungated, plus any others the run has."""
+    from promptlookup.drafting.ngram.source import SuffixMatchSource
+
     return [SuffixMatchSource(min_match=1, max_match=AUTO_MAX_MATCH), *(s for s in extra if s is not None)]
+
+
+# --- the source vocabulary (promptlookup.drafting.spec): auto[:sources=ngram+lookup+suffix]
+# [:curve=FILE][:margin=X] plus the settings of the sources it weighs (static=, history=, corpus=...) ---
+
+WEIGHED = ("lookup", "suffix")  # sources auto can weigh beside its own ungated ngram
+OPTIONS = {
+    "sources": Option(str, "ngram+lookup+suffix"),
+    "curve": Option(str, None, flag="--cost-curve"),  # verify cost curve (JSON) instead of measuring one
+    "margin": Option(float, 0.0),  # a draft must beat plain decoding's rate by this fraction
+    **{k: v for name in WEIGHED for k, v in options_of(name).items() if k != "draft"},
+}
+
+
+def check(spec: SourceSpec) -> None:
+    from promptlookup.drafting.spec import SpecError
+
+    unknown = [n for n in spec.value("sources").split("+") if n not in ("ngram", *WEIGHED)]
+    if unknown:
+        raise SpecError(f"{spec.label}: auto weighs ngram, {', '.join(WEIGHED)}; not {', '.join(unknown)}")
+
+
+def weighed_specs(spec: SourceSpec) -> list[SourceSpec]:
+    """The specs of the sources ``spec`` weighs beside the ungated ngram, each with its own settings."""
+    names = spec.value("sources").split("+")
+    return [SourceSpec(n, spec.with_options(options_of(n)), spec.from_flags) for n in names if n in WEIGHED]
+
+
+def factory(spec: SourceSpec, run: Run) -> Callable[[], AutoDrafter]:
+    """The cost curve is read (or measured, through ``run.cost_curve``) once; each drafter gets fresh
+    sources."""
+    from promptlookup.measure.costs import CostCurve
+    from promptlookup.speculate import MAX_DRAFT
+
+    makers = [source_factory(s, run) for s in weighed_specs(spec)]
+    curve = CostCurve.load(spec.value("curve")) if spec.value("curve") else run.cost_curve()
+    rel, margin = curve.relative(MAX_DRAFT + 1), spec.value("margin")
+    return lambda: AutoDrafter(auto_sources(*(m() for m in makers)), rel, max_draft=MAX_DRAFT, margin=margin)
+
+
+def save(spec: SourceSpec, source: AutoDrafter) -> None:
+    """End of a run (after commit): every weighed source saves what it learned."""
+    for s, src in zip(weighed_specs(spec), source.sources[1:], strict=True):
+        save_state(s, src)

@@ -36,7 +36,8 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
-from promptlookup.drafting.static_cache import StaticCache, from_sorted_triples
+from promptlookup.drafting.lookup.static_cache import StaticCache, from_sorted_triples
+from promptlookup.errors import InputError
 
 BLOCK = 4 << 20  # bytes per tokenization block
 MAX_BLOCK = 64 << 20  # a block with no safe cut by then is cut hard
@@ -54,14 +55,14 @@ class VocabTokenizer:
         self._lib = llama_cpp
         self.model_path = Path(model_path)
         if not self.model_path.is_file():
-            raise ValueError(f"model file not found: {model_path}")
+            raise InputError(f"model file not found: {model_path}")
         params = llama_cpp.llama_model_default_params()
         params.vocab_only = True
         with suppress_stdout_stderr(disable=False):
             llama_cpp.llama_backend_init()
             self._model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), params)
         if not self._model:
-            raise ValueError(f"llama.cpp could not load the vocabulary of {model_path}")
+            raise InputError(f"llama.cpp could not load the vocabulary of {model_path}")
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self.metadata: dict[str, str] = self._read_metadata()
@@ -173,7 +174,7 @@ def iter_blocks(paths: Sequence[str | os.PathLike[str]], block: int = BLOCK) -> 
 # -- counting ---------------------------------------------------------------------------------
 def triple_bits(n_vocab: int) -> int:
     if n_vocab > MAX_VOCAB:
-        raise ValueError(f"vocabularies above {MAX_VOCAB} tokens are not supported by create "
+        raise InputError(f"vocabularies above {MAX_VOCAB} tokens are not supported by create "
                          f"(this one has {n_vocab})")
     return max(1, (n_vocab - 1).bit_length())
 
@@ -242,7 +243,7 @@ class RunStack:
         ka, ca = self.runs.pop()
         k, c, overflow = _merge_runs(ka, ca, kb, cb)
         if overflow:
-            raise ValueError("a 2-gram follower occurs more than 2**32 times: corpus too large")
+            raise InputError("a 2-gram follower occurs more than 2**32 times: corpus too large")
         self.runs.append((k, c))
 
     def result(self) -> tuple[np.ndarray, np.ndarray]:
@@ -260,11 +261,11 @@ def open_tokenizer(model_path: str | os.PathLike[str], kind: str = "memo"):  # n
     """``memo``: llama.cpp's tokens with pieces memoized (memo_tokenizer.py); ``llama``: llama.cpp's
     tokenizer on every byte (the reference, several times slower)."""
     if kind not in TOKENIZERS:
-        raise ValueError(f"unknown tokenizer {kind!r} (memo or llama)")
+        raise InputError(f"unknown tokenizer {kind!r} (memo or llama)")
     base = VocabTokenizer(model_path)
     if kind == "llama":
         return base
-    from promptlookup.memo_tokenizer import MemoTokenizer
+    from promptlookup.build.memo_tokenizer import MemoTokenizer
 
     return MemoTokenizer(base)
 
@@ -280,19 +281,19 @@ def describe_tokenizer(tok) -> str:  # noqa: ANN001
 _WORKER = None  # the worker process's tokenizer
 
 
-def _worker_init(model_path: str, kind: str = "memo") -> None:
+def worker_init(model_path: str, kind: str = "memo") -> None:
     global _WORKER
     _WORKER = open_tokenizer(model_path, kind)
 
 
-def _worker_tokens(data: bytes, add_special: bool) -> np.ndarray:
+def worker_tokens(data: bytes, add_special: bool) -> np.ndarray:
     """A block's tokens in a worker process (``add_special`` for the stream's first block)."""
     assert _WORKER is not None
     return _WORKER.tokenize(data, add_special=add_special, parse_special=True)
 
 
 def _worker_count(data: bytes, add_special: bool, bits: int) -> tuple:
-    tokens = _worker_tokens(data, add_special)
+    tokens = worker_tokens(data, add_special)
     keys, counts = count_triples(tokens, bits)
     return keys, counts, tokens[:2].copy(), tokens[-2:].copy(), len(tokens)
 
@@ -326,7 +327,7 @@ def build_from_corpus(paths: Sequence[str | os.PathLike[str]], model_path: str |
 
     for p in paths:
         if not Path(p).is_file():
-            raise ValueError(f"corpus file not found: {p}")
+            raise InputError(f"corpus file not found: {p}")
     bits = triple_bits(n_vocab)
     total = sum(Path(p).stat().st_size for p in paths)
     st = CreateStats(n_bytes=total)
@@ -351,7 +352,7 @@ def build_from_corpus(paths: Sequence[str | os.PathLike[str]], model_path: str |
         bar.update(nbytes)
 
     ctx = get_context("spawn")
-    with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=ctx, initializer=_worker_init,
+    with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=ctx, initializer=worker_init,
                              initargs=(str(model_path), tokenizer)) as pool:
         inflight: deque[tuple[Future, int]] = deque()
         first = True
@@ -390,13 +391,13 @@ def build_from_corpus(paths: Sequence[str | os.PathLike[str]], model_path: str |
 def run_create(paths: Sequence[str], model_path: str | os.PathLike[str], output: str, fmt: str = "static",
                workers: int = 2, progress: bool = True, tokenizer: str = "memo") -> CreateStats:
     """``promptlookup create``: build the static cache of ``paths`` and write it atomically to ``output``."""
-    from promptlookup.drafting.llamacpp_file import records_from_static, write_llamacpp
-    from promptlookup.drafting.static_cache import write_static
+    from promptlookup.drafting.lookup.llamacpp_file import records_from_static, write_llamacpp
+    from promptlookup.drafting.lookup.static_cache import write_static
 
     if fmt not in ("static", "llamacpp"):
-        raise ValueError(f"unknown cache format {fmt!r} (static or llamacpp)")
+        raise InputError(f"unknown cache format {fmt!r} (static or llamacpp)")
     if not Path(output).resolve().parent.is_dir():
-        raise ValueError(f"output directory does not exist: {Path(output).parent}")
+        raise InputError(f"output directory does not exist: {Path(output).parent}")
     tok = open_tokenizer(model_path, tokenizer)
     fp = getattr(tok, "base", tok).fingerprint()
     cache, st = build_from_corpus(paths, model_path, tok.n_vocab, fp, workers=workers, progress=progress,

@@ -17,7 +17,7 @@ llama.cpp's ``examples/lookup/lookup-stats.cpp``, step for step, so figures comp
 - ``n_predict`` is reported as llama.cpp does (``n_input - n_input % n_ctx``), which overstates the
   replayed tokens by one chunk when ``n_ctx`` divides ``n_input``; ``n_replayed`` is the true count.
 
-It works with any DraftSource: a source with a ``commit()`` method has it called after each chunk.
+It works with any DraftSource; its ``commit()`` is called after each chunk.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from promptlookup.drafting.base import DraftSource
+from promptlookup.errors import InputError
 
 
 @dataclass
@@ -84,15 +85,14 @@ def replay(tokens: Sequence[int], n_ctx: int, n_draft: int,
            source_factory: Callable[[], DraftSource], t_load_s: float = 0.0) -> ReplayStats:
     """Replay ``tokens`` through one source (made once by ``source_factory``) as lookup-stats does."""
     if n_ctx < 2:
-        raise ValueError(f"the replay chunk size (-c) must be at least 2, got {n_ctx}")
+        raise InputError(f"the replay chunk size (-c) must be at least 2, got {n_ctx}")
     if n_draft < 1:
-        raise ValueError(f"--draft must be at least 1, got {n_draft}")
+        raise InputError(f"--draft must be at least 1, got {n_draft}")
     toks = [int(t) for t in tokens]
     n_input = len(toks)
     source = source_factory()
     st = ReplayStats(source=source.name, n_draft=n_draft, n_ctx=n_ctx, n_input=n_input,
                      n_predict=n_input - n_input % n_ctx, t_load_s=t_load_s)
-    commit = getattr(source, "commit", None)
     perf = time.perf_counter
     t_draft = 0.0
     n_drafted = n_accept = 0
@@ -119,8 +119,7 @@ def replay(tokens: Sequence[int], n_ctx: int, n_draft: int,
                 source.extend(chunk[done : done + 1])
                 t_draft += perf() - t0
                 done += 1
-        if commit is not None:
-            commit()
+        source.commit()
         st.n_chunks += 1
         i_start += n_ctx
     st.n_replayed = st.n_chunks * n_ctx
@@ -137,56 +136,9 @@ def read_text_tokens(path: str, tokenizer, as_list: bool = True):
 
     p = Path(path)
     if not p.is_file():
-        raise ValueError(f"text file not found: {p}")
+        raise InputError(f"text file not found: {p}")
     data = p.read_bytes()
     if not data.strip():
-        raise ValueError(f"text file is empty: {p}")
+        raise InputError(f"text file is empty: {p}")
     ids = tokenizer.tokenize(data, add_special=True, parse_special=True)
     return [int(t) for t in ids] if as_list else ids
-
-
-def run_stats(text: str, model_path: str, n_ctx: int, n_draft: int, source: str = "lookup",
-              static_path: str | None = None, dynamic_path: str | None = None,
-              ngram_min_match: int = 3, ngram_max_match: int = 16, verify: bool = False,
-              reference: bool = False) -> ReplayStats:
-    """``promptlookup stats``: tokenize ``text`` with the model's vocabulary and replay it.
-
-    ``--lookup`` replays with the compiled loop (``replay_lookup``) unless ``reference``; ``verify``
-    runs the static cache's full body check at open (counted in the load time).
-    """
-    from promptlookup.corpus import VocabTokenizer
-
-    tok = VocabTokenizer(model_path)
-    tokens = read_text_tokens(text, tok, as_list=source != "lookup" or reference)
-    n_vocab = tok.n_vocab
-    fingerprint = tok.fingerprint() if static_path else ""  # the tokenizer's, not the cache's work
-    tok.close()  # the vocabulary's memory is not needed by the replay
-    if source == "ngram":
-        if static_path or dynamic_path:
-            raise ValueError("--lookup-cache-static/--lookup-cache-dynamic only apply to --source lookup")
-        from promptlookup.drafting.suffix import SuffixMatchSource
-
-        return replay(tokens, n_ctx, n_draft, lambda: SuffixMatchSource(ngram_min_match, ngram_max_match))
-    if source == "suffix":
-        if static_path or dynamic_path:
-            raise ValueError("--lookup-cache-static/--lookup-cache-dynamic only apply to --source lookup")
-        from promptlookup.drafting.history import History
-        from promptlookup.drafting.suffix_source import SuffixSource
-
-        return replay(tokens, n_ctx, n_draft,
-                      lambda: SuffixSource(history=History(), n_vocab=n_vocab))
-    if source != "lookup":
-        raise ValueError(f"unknown draft source {source!r} (lookup, ngram or suffix)")
-    from promptlookup.drafting.llamacpp_file import load_dynamic, open_static_any
-    from promptlookup.drafting.lookup import LookupSource
-
-    t0 = time.perf_counter()
-    static = (open_static_any(static_path, n_vocab, lambda: fingerprint, verify=verify)
-              if static_path else None)
-    dynamic = load_dynamic(dynamic_path, n_vocab) if dynamic_path else None
-    t_load = time.perf_counter() - t0
-    if reference:
-        return replay(tokens, n_ctx, n_draft, lambda: LookupSource(static=static, dynamic=dynamic), t_load)
-    from promptlookup.replay_lookup import replay_lookup
-
-    return replay_lookup(tokens, n_ctx, n_draft, static=static, dynamic=dynamic, t_load_s=t_load)

@@ -10,8 +10,8 @@ it; recency only breaks ties. One rule, applied token by token to the text exten
 already drafted:
 
 1. For each provider -- the request's own text (a suffix automaton over prompt and output), the
-   history (a suffix automaton over earlier requests, see :mod:`promptlookup.drafting.history`)
-   and, optionally, a corpus (a suffix array, see :mod:`promptlookup.drafting.corpus_index`,
+   history (a suffix automaton over earlier requests, see :mod:`promptlookup.drafting.suffix.history`)
+   and, optionally, a corpus (a suffix array, see :mod:`promptlookup.drafting.suffix.corpus_index`,
    searched for context suffixes of at most ``corpus_max_match`` tokens) -- find the longest
    suffix ``L*`` of the context that occurs there *followed by a token*.
 2. The candidates are the tokens that follow those occurrences. A candidate ``c`` scores the number
@@ -37,21 +37,14 @@ built without the frozen dataclass's per-field ``__setattr__``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from numba import njit
 
 from promptlookup.drafting.base import Draft
-from promptlookup.drafting.corpus_index import (
-    DEFAULT_MAX_MATCH,
-    CorpusIndex,
-    _interval,
-    _narrow,
-    _search_from,
-    empty_index,
-)
-from promptlookup.drafting.suffix_automaton import (
+from promptlookup.drafting.spec import DRAFT, Option, Run, SourceSpec
+from promptlookup.drafting.suffix.automaton import (
     CNT,
     E_NEXT,
     E_TO,
@@ -69,10 +62,19 @@ from promptlookup.drafting.suffix_automaton import (
     OUTDEG,
     SEP,
     SuffixAutomaton,
-    _extend,
     deep_rep,
+    extend_tokens,
     match_step,
 )
+from promptlookup.drafting.suffix.corpus_index import (
+    DEFAULT_MAX_MATCH,
+    CorpusIndex,
+    empty_index,
+    interval,
+    narrow,
+    search_from,
+)
+from promptlookup.errors import InputError
 
 DEFAULT_MIN_MATCH = 1
 DEFAULT_MIN_PROB = 0.0
@@ -214,7 +216,7 @@ def _collect_corpus(ctok, csa, cbk, buf, n_ctx, lo, hi, m, depth, weight, scratc
     short = m + 1 > depth
     slo = shi = 0
     if short and depth > 1:  # count on the last depth tokens: the interval of the last depth - 1
-        slo, shi = _interval(ctok, csa, cbk, buf, n_ctx - (depth - 1), n_ctx)
+        slo, shi = interval(ctok, csa, cbk, buf, n_ctx - (depth - 1), n_ctx)
         if slo < 0:
             return -1
     elif short:
@@ -233,12 +235,12 @@ def _collect_corpus(ctok, csa, cbk, buf, n_ctx, lo, hi, m, depth, weight, scratc
         t = ctok[p + m]
         if t < 0 or t >= scratch.shape[1]:
             return -1
-        a, b = _narrow(ctok, csa, i, hi, m, t)
+        a, b = narrow(ctok, csa, i, hi, m, t)
         if a < 0 or b <= i:
             return -1
         cnt = b - a
         if short:
-            a2, b2 = _narrow(ctok, csa, slo, shi, depth - 1, t)
+            a2, b2 = narrow(ctok, csa, slo, shi, depth - 1, t)
             if a2 < 0:
                 return -1
             cnt = b2 - a2
@@ -259,7 +261,7 @@ def _catch_up(lst, led, lhk, lhv, lmeta, buf, n, gst, ged, ghk, ghv):
     for i in range(len(new)):
         if new[i] < 0:
             return -1
-    _extend(lst, led, lhk, lhv, lmeta, new)
+    extend_tokens(lst, led, lhk, lhv, lmeta, new)
     v = lmeta[M_GV]
     m = lmeta[M_GM]
     for i in range(len(new)):
@@ -310,7 +312,7 @@ def _draft(lst, led, lhk, lhv, lmeta, buf, n, k, gst, ged, ghk, ghv, ctok, csa, 
         mc = 0
         lower = max(ml, mg, np.int64(min_match), 1) + margin
         if use_corpus and lower <= min(cap, n + i):
-            if _search_from(ctok, csa, cbk, buf, n + i, lower, min(cap, n + i), cs) < 0:
+            if search_from(ctok, csa, cbk, buf, n + i, lower, min(cap, n + i), cs) < 0:
                 return -2
             mc = cs[2]
         mc_eff = mc - margin if mc > 0 else 0
@@ -389,10 +391,10 @@ class SuffixSource:
     """``--suffix``: the rule in this module's docstring over the request, an optional history and
     an optional corpus index.
 
-    ``history`` is a :class:`promptlookup.drafting.history.History` (or ``None``). When
+    ``history`` is a :class:`promptlookup.drafting.suffix.history.History` (or ``None``). When
     ``record`` is true, each request is added to it when the next one starts (``reset``) or when
     :meth:`commit` is called. ``corpus`` is an opened
-    :class:`promptlookup.drafting.corpus_index.CorpusIndex` (or ``None``), searched for context
+    :class:`promptlookup.drafting.suffix.corpus_index.CorpusIndex` (or ``None``), searched for context
     suffixes of at most ``corpus_max_match`` tokens.
     """
 
@@ -422,7 +424,7 @@ class SuffixSource:
         self.corpus_margin = int(corpus_margin)
         self._index = corpus if corpus is not None else empty_index()
         if corpus is not None and corpus.n_vocab > n_vocab:
-            raise ValueError(f"the corpus index has a vocabulary of {corpus.n_vocab}, "
+            raise InputError(f"the corpus index has a vocabulary of {corpus.n_vocab}, "
                              f"beyond n_vocab {n_vocab}")
         self._local = SuffixAutomaton(depth=depth)
         self._buf = np.zeros(1024, dtype=np.int32)  # the request's tokens, then a draft's scratch
@@ -433,7 +435,7 @@ class SuffixSource:
         self._scratch = np.zeros((5, n_vocab), dtype=np.float64)
         self._scratch[R_LLAST : R_GLAST + 1] = -1.0
         if history is not None and history.max_token >= n_vocab:
-            raise ValueError(f"the history holds token {history.max_token}, beyond n_vocab {n_vocab}")
+            raise InputError(f"the history holds token {history.max_token}, beyond n_vocab {n_vocab}")
         self._committed = True
         self._g_seen: SuffixAutomaton | None = None
         self._g_len = -1
@@ -532,7 +534,7 @@ class SuffixSource:
         if got < 0:
             if got == -1:
                 raise ValueError("a negative token id reached the suffix source")
-            from promptlookup.drafting.corpus_index import CorpusIndexError
+            from promptlookup.drafting.suffix.corpus_index import CorpusIndexError
 
             raise CorpusIndexError(f"{ix.path}: corrupt corpus index (found while drafting)")
         f = io[IO_FEAT : IO_FEAT + 6].tolist()
@@ -544,29 +546,45 @@ class SuffixSource:
         return d
 
 
-def make_suffix_source(history_path: str | None, n_vocab: int, fingerprint_fn,
-                       budget: int | None = None, corpus_path: str | None = None) -> SuffixSource:
-    """The ``--suffix`` source of a run: with ``history_path``, earlier requests saved there (a
-    missing file starts an empty history that :func:`save_suffix_history` will create); with
-    ``corpus_path``, a corpus index (``promptlookup index``) built with this tokenizer."""
+# --- the source vocabulary (promptlookup.drafting.spec):
+# suffix[:draft=N][:history=FILE][:budget=TOKENS][:corpus=FILE] ---
+
+OPTIONS = {
+    "draft": DRAFT,
+    "history": Option(str, None, flag="--suffix-history"),  # earlier requests: loaded, saved back by save()
+    "budget": Option(int, None, 1, None, "--suffix-history-budget"),  # history memory, in tokens
+    "corpus": Option(str, None, flag="--suffix-corpus"),  # a corpus suffix array (promptlookup index)
+}
+
+
+def factory(spec: SourceSpec, run: Run) -> Callable[[], SuffixSource]:
+    """The corpus index is opened once per run and shared. Each source gets its own history: from
+    ``history=FILE`` (a missing file starts an empty one that :func:`save` creates), else an empty
+    one in memory, so a run's later requests draft from its earlier ones."""
     from pathlib import Path
 
-    from promptlookup.drafting.corpus_index import open_index
-    from promptlookup.drafting.history import DEFAULT_BUDGET, History
+    from promptlookup.drafting.suffix.corpus_index import open_index
+    from promptlookup.drafting.suffix.history import DEFAULT_BUDGET, History
 
-    history = None
-    fp = fingerprint_fn() if history_path is not None or corpus_path is not None else None
-    if history_path is not None:
-        if Path(history_path).exists():
-            history = History.load(history_path, fingerprint=fp, budget=budget)
+    history_path, budget, corpus_path = spec.value("history"), spec.value("budget"), spec.value("corpus")
+    corpus = (run.shared("corpus", corpus_path,
+                         lambda: open_index(corpus_path, fingerprint=run.tokenizer_fingerprint(),
+                                            n_vocab=run.n_vocab, verify=run.verify))
+              if corpus_path else None)
+
+    def make() -> SuffixSource:
+        if history_path is not None and Path(history_path).exists():
+            history = History.load(history_path, fingerprint=run.tokenizer_fingerprint(), budget=budget)
+        elif history_path is not None:
+            history = History(budget=budget or DEFAULT_BUDGET, fingerprint=run.tokenizer_fingerprint())
         else:
-            history = History(budget=budget or DEFAULT_BUDGET, fingerprint=fp)
-    corpus = open_index(corpus_path, fingerprint=fp, n_vocab=n_vocab) if corpus_path is not None else None
-    return SuffixSource(history=history, n_vocab=n_vocab, corpus=corpus)
+            history = History(budget=budget or DEFAULT_BUDGET)
+        return SuffixSource(history=history, n_vocab=run.n_vocab, corpus=corpus)
+
+    return make
 
 
-def save_suffix_history(source: SuffixSource, path: str) -> None:
-    """Add the finished request to the history and write it atomically."""
-    source.commit()
-    if source.history is not None:
-        source.history.save(path)
+def save(spec: SourceSpec, source: SuffixSource) -> None:
+    """End of a run (after commit): write the history back atomically."""
+    if spec.value("history") and source.history is not None:
+        source.history.save(spec.value("history"))

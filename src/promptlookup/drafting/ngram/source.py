@@ -10,27 +10,28 @@ A best match shorter than ``min_match`` drafts nothing: the gate.
 
 Three implementations with one behaviour: :func:`suffix_match_reference` is the plain statement of
 the rule, :func:`suffix_match` a compiled backward scan (O(context) per call, no state), and
-:class:`~promptlookup.drafting.suffix_index.SuffixIndex` the incremental index the source uses
+:class:`~promptlookup.drafting.ngram.index.SuffixIndex` the incremental index the source uses
 (O(log max_match) probes per call, about a microsecond at any context length). Tests hold all three
 equal, on real text too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from numba import njit
 
 from promptlookup.drafting.base import Draft
-from promptlookup.drafting.suffix_index import (
-    _KEYS,
-    _MAX_MATCH,
-    _MIN_MATCH,
+from promptlookup.drafting.ngram.index import (
+    KEYS,
+    STATE_MAX_MATCH,
+    STATE_MIN_MATCH,
     SuffixIndex,
-    _draft_span,
     compiled_entry,
+    draft_span,
 )
+from promptlookup.drafting.spec import DRAFT, Option, Run, SourceSpec, SpecError
 
 DEFAULT_MIN_MATCH = 3
 DEFAULT_MAX_MATCH = 16
@@ -98,12 +99,12 @@ def suffix_draft_reference(
 
 @njit(cache=True, nogil=True)
 def _scan_span(corpus, n, k, tab, state):
-    """:func:`~promptlookup.drafting.suffix_index._draft_span`'s twin for the scan (``tab`` unused):
+    """:func:`~promptlookup.drafting.ngram.index.draft_span`'s twin for the scan (``tab`` unused):
     ``(start, stop, match_len)``, the draft ``corpus[start:stop]`` empty below the gate."""
     if n < 2:
         return 0, 0, 0
-    end, length = _suffix_match_scan(corpus, n, state[_MAX_MATCH])
-    if end < 0 or length < state[_MIN_MATCH] or k <= 0:
+    end, length = _suffix_match_scan(corpus, n, state[STATE_MAX_MATCH])
+    if end < 0 or length < state[STATE_MIN_MATCH] or k <= 0:
         return 0, 0, length
     return end + 1, min(end + 1 + k, n), length
 
@@ -118,7 +119,7 @@ class SuffixMatchSource:
     KV cache back on a rejected draft (rejected tokens are never appended).
 
     A drafting call is one compiled call (index the new tokens, match, gate, clip: ``_span``, called
-    through its compiled build, see :func:`~promptlookup.drafting.suffix_index.compiled_entry`) plus the
+    through its compiled build, see :func:`~promptlookup.drafting.ngram.index.compiled_entry`) plus the
     returned :class:`Draft`; empty drafts are built once per match length.
     """
 
@@ -140,12 +141,12 @@ class SuffixMatchSource:
         if max_match <= INDEX_MAX_MATCH:
             self._index: SuffixIndex | None = SuffixIndex(max_match, min_match=min_match)
             self._tab, self._state = self._index.tab, self._index.state
-            kernel = _draft_span
+            kernel = draft_span
         else:  # above the index limit: the backward scan, same call shape
             self._index = None
             self._tab = np.zeros(2, dtype=np.int64)
-            self._state = np.zeros(_KEYS + 1, dtype=np.int64)
-            self._state[_MAX_MATCH], self._state[_MIN_MATCH] = max_match, min_match
+            self._state = np.zeros(KEYS + 1, dtype=np.int64)
+            self._state[STATE_MAX_MATCH], self._state[STATE_MIN_MATCH] = max_match, min_match
             kernel = _scan_span
         # compile (or load the cached builds) before any timing; n = 0 changes nothing
         self._span = compiled_entry(kernel, self._buf, 0, 0, self._tab, self._state)
@@ -200,3 +201,26 @@ class SuffixMatchSource:
         fields["match_len"] = length
         fields["features"] = {}
         return draft
+
+    def commit(self) -> None:
+        """Nothing carries over: the next request's ``reset`` starts from its own prompt."""
+
+
+# --- the source vocabulary (promptlookup.drafting.spec): ngram[:draft=N][:min=N][:max=N] ---
+
+OPTIONS = {
+    "draft": DRAFT,
+    "min": Option(int, DEFAULT_MIN_MATCH, 1, None, "--ngram-min-match"),
+    "max": Option(int, DEFAULT_MAX_MATCH, 1, None, "--ngram-max-match"),
+}
+
+
+def check(spec: SourceSpec) -> None:
+    lo, hi = spec.value("min"), spec.value("max")
+    if hi < lo:
+        raise SpecError(f"{spec.setting('max')} ({hi}) is below {spec.setting('min')} ({lo})")
+
+
+def factory(spec: SourceSpec, run: Run) -> Callable[[], SuffixMatchSource]:
+    lo, hi = spec.value("min"), spec.value("max")
+    return lambda: SuffixMatchSource(lo, hi)

@@ -5,9 +5,9 @@ speculated, in an alternating order, with ``off`` at least twice so its spread i
 and the effective rate (drafting included) beside acceptance, tokens per verify and coverage. Each
 speculated cell also says whether its output is token-identical to the first plain run.
 
-A cell is ``NAME[:key=value...]``: ``off``, ``ngram`` (``draft``, ``min``, ``max``), ``lookup``
-(``draft``, ``static=FILE``, ``dynamic=FILE``), ``suffix`` (``draft``) and ``auto`` (``static=FILE``,
-``curve=FILE``). Peers (:mod:`promptlookup.peers`) run the engines' own prompt lookup on the same ids:
+A cell is a draft source spec (``off``, ``ngram:draft=1:min=5``, ``lookup:static=FILE``, ``suffix``,
+``auto:curve=FILE``...; each source declares its settings, see :mod:`promptlookup.drafting.spec`).
+Peers (:mod:`promptlookup.measure.peers`) run the engines' own prompt lookup on the same ids:
 ``peer-llamacpp`` (``pred``: llama-cpp-python's num_pred_tokens, 0 = its plain loop) and ``peer-hf``
 (``pld``: transformers' prompt_lookup_num_tokens, 0 = plain generate). A peer is compared with our
 plain run when it is the bench backend's engine, else with its own 0 setting (``-`` until that ran).
@@ -26,45 +26,22 @@ from pathlib import Path
 from typing import Any
 
 from promptlookup.drafting.base import DraftSource
+from promptlookup.drafting.spec import OFF, SOURCES, Run, SourceSpec, SpecError, build_source
 from promptlookup.telemetry import Counters
 
-CELL_KEYS = {
-    "off": set(),
-    "ngram": {"draft", "min", "max"},
-    "lookup": {"draft", "static", "dynamic"},
-    "suffix": {"draft"},
-    "auto": {"static", "curve", "margin", "sources"},
-    "peer-llamacpp": {"pred"},
-    "peer-hf": {"pld"},
-}
+# peer cell -> its settings (draft sources' settings are declared by the sources, see drafting/spec.py)
+PEER_KEYS = {"peer-llamacpp": {"pred"}, "peer-hf": {"pld"}}
 # peer cell -> (peers.run_cell name, its setting key, the engine whose plain greedy it should equal)
 PEERS = {"peer-llamacpp": ("llamacpp", "pred", "llama.cpp"), "peer-hf": ("hf", "pld", "transformers")}
 
 
-class CellError(ValueError):
+class CellError(SpecError):
     """A cell specification that names an unknown source or setting."""
 
 
 @dataclass(frozen=True)
-class Cell:
-    name: str
-    options: tuple[tuple[str, str], ...] = ()
-
-    @property
-    def label(self) -> str:
-        return ":".join([self.name, *(f"{k}={v}" for k, v in self.options)])
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return dict(self.options).get(key, default)
-
-    def int_option(self, key: str, default: int) -> int:
-        v = self.get(key)
-        if v is None:
-            return default
-        try:
-            return int(v)
-        except ValueError:
-            raise CellError(f"cell {self.label}: {key} must be an integer, got {v!r}") from None
+class Cell(SourceSpec):
+    """A bench cell: a draft source spec (``ngram:draft=1:min=5``), or a peer engine's own lookup."""
 
 
 def parse_cell(spec: str) -> Cell:
@@ -72,13 +49,20 @@ def parse_cell(spec: str) -> Cell:
     if not parts:
         raise CellError("empty cell specification")
     name = parts[0]
-    if name not in CELL_KEYS:
-        raise CellError(f"unknown cell source {name!r} (known: {', '.join(CELL_KEYS)})")
+    if name not in PEER_KEYS and name != OFF and name not in SOURCES:
+        known = ", ".join([OFF, *SOURCES, *PEER_KEYS])
+        raise CellError(f"unknown cell source {name!r} (known: {known})")
+    if name not in PEER_KEYS:
+        try:
+            src = SourceSpec.parse(spec)
+        except SpecError as exc:
+            raise CellError(str(exc)) from None
+        return Cell(src.name, src.options)
     opts = []
     for p in parts[1:]:
         key, sep, value = p.partition("=")
-        if not sep or key not in CELL_KEYS[name]:
-            allowed = ", ".join(sorted(CELL_KEYS[name])) or "none"
+        if not sep or key not in PEER_KEYS[name]:
+            allowed = ", ".join(sorted(PEER_KEYS[name]))
             raise CellError(f"cell {spec!r}: unknown setting {p!r} (allowed for {name}: {allowed})")
         opts.append((key, value))
     return Cell(name, tuple(opts))
@@ -96,45 +80,11 @@ class CellRun:
 
 
 def make_source(cell: Cell, backend) -> tuple[DraftSource | None, int]:
-    """The draft source and draft length a cell asks for, built fresh (no state across runs)."""
-    from promptlookup.drafting.suffix import DEFAULT_MAX_MATCH, DEFAULT_MIN_MATCH, SuffixMatchSource
-    from promptlookup.speculate import MAX_DRAFT
-
-    if cell.name == "off":
-        return None, 1
-    if cell.name == "ngram":
-        src = SuffixMatchSource(cell.int_option("min", DEFAULT_MIN_MATCH),
-                                cell.int_option("max", DEFAULT_MAX_MATCH))
-        return src, cell.int_option("draft", 3)
-    from promptlookup.drafting.lookup import make_lookup_source
-
-    if cell.name == "suffix":
-        return _suffix_with_history(backend), cell.int_option("draft", 3)
-
-    if cell.name == "lookup":
-        return (make_lookup_source(cell.get("static"), cell.get("dynamic"), backend.n_vocab,
-                                   backend.fingerprint), cell.int_option("draft", 3))
-    # auto
-    from promptlookup.costs import CostCurve, cached_cost_curve
-    from promptlookup.drafting.controller import AutoDrafter, auto_sources
-
-    curve = CostCurve.load(cell.get("curve")) if cell.get("curve") else cached_cost_curve(backend)
-    extra = {"lookup": lambda: make_lookup_source(cell.get("static"), None, backend.n_vocab,
-                                                  backend.fingerprint),
-             "suffix": lambda: _suffix_with_history(backend)}
-    names = cell.get("sources", "ngram+lookup+suffix").split("+")
-    sources = auto_sources(*(extra[n]() for n in names if n in extra))
-    return (AutoDrafter(sources, curve.relative(MAX_DRAFT + 1), max_draft=MAX_DRAFT,
-                        margin=float(cell.get("margin", 0.0))), MAX_DRAFT)
-
-
-def _suffix_with_history(backend) -> DraftSource:
-    """``--suffix`` with an in-memory history, so a multi-request workload's later requests draft
+    """The draft source and draft length a cell asks for, built fresh (no state across runs); a
+    ``suffix`` source keeps an in-memory history, so a multi-request workload's later requests draft
     from the earlier ones (as a --suffix-history file would across processes)."""
-    from promptlookup.drafting.history import History
-    from promptlookup.drafting.suffix_source import SuffixSource
-
-    return SuffixSource(history=History(), n_vocab=backend.n_vocab)
+    source = build_source(cell, Run.for_backend(backend))
+    return source, cell.draft if source is not None else 1
 
 
 REQUEST_SEPARATOR = "=== next request ==="
@@ -151,20 +101,16 @@ def split_requests(text: str) -> list[str]:
 def oracle_speedup(backend, requests: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]]) -> float:
     """The hindsight oracle's speedup on the last request's output, from auto's sources (having
     seen the earlier requests) and the backend's curve: the ceiling any controller could reach on
-    this run (simulated, see promptlookup.simulate)."""
-    from promptlookup.costs import cached_cost_curve
-    from promptlookup.drafting.controller import auto_sources
-    from promptlookup.drafting.lookup import make_lookup_source
-    from promptlookup.simulate import oracle
+    this run (simulated, see promptlookup.measure.simulate)."""
+    from promptlookup.measure.costs import cached_cost_curve
+    from promptlookup.measure.simulate import oracle
     from promptlookup.speculate import MAX_DRAFT
 
-    sources = auto_sources(make_lookup_source(None, None, backend.n_vocab, backend.fingerprint),
-                           _suffix_with_history(backend))
+    sources = build_source(SourceSpec("auto"), Run.for_backend(backend)).sources
     for prompt, out in zip(requests[:-1], outputs[:-1], strict=True):
         for src in sources:
             src.reset([*prompt, *out])
-            if hasattr(src, "commit"):
-                src.commit()
+            src.commit()
     return oracle(requests[-1], outputs[-1], sources, MAX_DRAFT, cached_cost_curve(backend)).speedup
 
 
@@ -203,7 +149,7 @@ def run_bench(backend, workloads: dict[str, list[list[int]]], cells: Sequence[Ce
                 for i, prompt in enumerate(requests):
                     gen = generate(backend, prompt, n_predict, source=source, draft=draft)
                     outputs.append(gen.tokens)
-                    if i < len(requests) - 1 and hasattr(source, "commit"):
+                    if i < len(requests) - 1 and source is not None:
                         source.commit()
                 wall = time.perf_counter() - t0
                 if cell.name == "off" and reference is None:
@@ -223,7 +169,7 @@ def run_bench(backend, workloads: dict[str, list[list[int]]], cells: Sequence[Ce
 def _peer_run(cell: Cell, backend, wname: str, prompt: list[int], n_predict: int, round_: int,
               reference: list[int] | None, peer_refs: dict[str, list[int]],
               engines: dict[str, Any]) -> CellRun:
-    from promptlookup import peers
+    from promptlookup.measure import peers
 
     peer, key, engine = PEERS[cell.name]
     setting = cell.int_option(key, 3)

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from promptlookup.costs import CostCurve
 from promptlookup.drafting.base import DraftSource
+from promptlookup.measure.costs import CostCurve
 from promptlookup.speculate import generate
 
 
@@ -151,7 +151,7 @@ def sweep(prompt: Sequence[int], continuation: Sequence[int], make_source: Calla
 
 
 def _chunks(tokens: Sequence[int], n_ctx: int) -> list[list[int]]:
-    """The replay's chunks (see :mod:`promptlookup.replay`): whole chunks of n_ctx tokens."""
+    """The replay's chunks (see :mod:`promptlookup.measure.replay`): whole chunks of n_ctx tokens."""
     toks = list(tokens)
     return [toks[i : i + n_ctx] for i in range(0, len(toks) - n_ctx, n_ctx)] or (
         [toks] if len(toks) >= 2 else [])
@@ -168,18 +168,18 @@ def simulate_text(tokens: Sequence[int], n_ctx: int, curve: CostCurve,
                   oracle_sources: Callable[[], Sequence[DraftSource]] | None = None,
                   max_draft: int = 8) -> list[SimResult]:
     """Every policy (label -> (source factory, draft length)) over the replay's chunks, plus the
-    oracle over ``oracle_sources``. One source instance lives across chunks, as in the replay:
-    a source with ``commit()`` (the lookup caches) learns from earlier chunks."""
+    oracle over ``oracle_sources``. One source instance lives across chunks, as in the replay, and
+    is committed after each: a source that learns across requests (the lookup caches, the suffix
+    history) learns from earlier chunks."""
     chunks = _chunks(tokens, n_ctx)
     results = []
     for label, (factory, draft) in policies.items():
         source = factory()
-        commit = getattr(source, "commit", None)
         parts = []
         for chunk in chunks:
             parts.append(simulate(chunk[:1], chunk[1:], source, draft, curve, label))
-            if commit is not None:
-                commit()
+            if source is not None:
+                source.commit()
         results.append(_total(label, parts))
     if oracle_sources is not None:
         sources = list(oracle_sources())
@@ -187,14 +187,13 @@ def simulate_text(tokens: Sequence[int], n_ctx: int, curve: CostCurve,
         for chunk in chunks:
             parts.append(oracle(chunk[:1], chunk[1:], sources, max_draft, curve))
             for s in sources:
-                if hasattr(s, "commit"):
-                    s.commit()
+                s.commit()
         results.append(_total("oracle", parts))
     return results
 
 
 def report_table(results: Sequence[SimResult], curve: CostCurve) -> str:
-    from promptlookup.costs import describe
+    from promptlookup.measure.costs import describe
 
     lines = [f"cost curve ({curve.label or 'unnamed'}): {describe(curve)}",
              "| policy | steps | drafted | accepted | accept % | cost (plain decodes) | speedup |",

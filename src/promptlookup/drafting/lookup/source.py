@@ -30,22 +30,23 @@ count}``; :func:`draft_into` is the numba twin the source uses. Tests hold them 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from numba import njit
 
 from promptlookup.drafting.base import Draft
-from promptlookup.drafting.ngram_cache import NGRAM_MAX, NGRAM_STATIC, NgramCache, _find
-from promptlookup.drafting.static_cache import (
+from promptlookup.drafting.lookup.cache import NGRAM_MAX, NGRAM_STATIC, NgramCache, find_ngram
+from promptlookup.drafting.lookup.static_cache import (
     STATIC_MIN_PERCENT,
     STATIC_MIN_TOTAL,
     StaticCache,
-    _follower_range,
-    _search,
-    _static_key,
     empty_static,
+    follower_range,
+    search_follower,
+    static_key,
 )
+from promptlookup.drafting.spec import DRAFT, Option, Run, SourceSpec
 
 # llama.cpp's thresholds, index n - 1 (ngram-cache.cpp: draft_min_*_lax / _strict)
 CONTEXT_MIN_SAMPLE = (2, 2, 1, 1)
@@ -118,10 +119,10 @@ def draft_reference(seq: Sequence[int], k: int, context=None, dynamic=None, stat
 
 
 # -- the numba twin -----------------------------------------------------------------------------
-_CTX_A = np.array(CONTEXT_MIN_SAMPLE, dtype=np.int64)
-_CTX_P = np.array(CONTEXT_MIN_PERCENT, dtype=np.int64)
-_DYN_A = np.array(DYNAMIC_MIN_SAMPLE, dtype=np.int64)
-_DYN_P = np.array(DYNAMIC_MIN_PERCENT, dtype=np.int64)
+CTX_A = np.array(CONTEXT_MIN_SAMPLE, dtype=np.int64)
+CTX_P = np.array(CONTEXT_MIN_PERCENT, dtype=np.int64)
+DYN_A = np.array(DYNAMIC_MIN_SAMPLE, dtype=np.int64)
+DYN_P = np.array(DYNAMIC_MIN_PERCENT, dtype=np.int64)
 
 
 _NEED_STATIC = -2  # _try_primary: a scan needs the static part, which is not looked up yet
@@ -130,8 +131,8 @@ _NEED_STATIC = -2  # _try_primary: a scan needs the static part, which is not lo
 @njit(cache=True)
 def _static_part(first_off, key_second, key_off, n_fol, t0, t1):
     """The static cache's answer for the 2-gram (t0, t1): (key or -1, first follower, end of followers)."""
-    key = _static_key(first_off, key_second, t0, t1)
-    lo, hi = _follower_range(key_off, n_fol, key)
+    key = static_key(first_off, key_second, t0, t1)
+    lo, hi = follower_range(key_off, n_fol, key)
     return key, lo, hi
 
 
@@ -152,7 +153,7 @@ def _try_primary(buf, m, n_top, slots, keys, head, total, maxc, e_tok, e_cnt, e_
         t1 = buf[b + 1] if n > 1 else -1
         t2 = buf[b + 2] if n > 2 else -1
         t3 = buf[b + 3] if n > 3 else -1
-        s = _find(slots, keys, t0, t1, t2, t3)
+        s = find_ngram(slots, keys, t0, t1, t2, t3)
         if s < 0:
             continue
         tot = total[s]
@@ -172,7 +173,7 @@ def _try_primary(buf, m, n_top, slots, keys, head, total, maxc, e_tok, e_cnt, e_
             cnt = e_cnt[e]
             w = np.int64(1)
             if s_hi > s_lo:
-                sc = _search(fol_token, fol_count, s_lo, s_hi, tok)
+                sc = search_follower(fol_token, fol_count, s_lo, s_hi, tok)
                 if sc > 0:
                     w = 100 * sc
             score = cnt * w
@@ -191,7 +192,7 @@ def _try_primary(buf, m, n_top, slots, keys, head, total, maxc, e_tok, e_cnt, e_
 
 
 @njit(cache=True)
-def _draft_core(buf, n, k,
+def draft_core(buf, n, k,
                 c_slots, c_keys, c_head, c_total, c_maxc, c_tok, c_cnt, c_next,
                 d_slots, d_keys, d_head, d_total, d_maxc, d_tok, d_cnt, d_next,
                 first_off, key_second, key_draft, key_total, key_off, fol_token, fol_count,
@@ -236,7 +237,7 @@ def _draft_core(buf, n, k,
                     # draft a token that is not among the key's followers.
                     origin = 3
                     tot = np.int64(key_total[key])
-                    cnt = _search(fol_token, fol_count, s_lo, s_hi, best)
+                    cnt = search_follower(fol_token, fol_count, s_lo, s_hi, best)
                     if tot >= STATIC_MIN_TOTAL and 100 * cnt >= STATIC_MIN_PERCENT * tot:
                         tok = best
                         sub[0] = 2
@@ -263,15 +264,10 @@ def _draft(buf, n, k,
     """Write up to ``k`` drafted tokens at ``buf[n:]``; return how many. ``info`` gets the first's
     origin, n-gram size, count and total."""
     sub = np.zeros(3, dtype=np.int64)
-    return _draft_core(buf, n, k, c_slots, c_keys, c_head, c_total, c_maxc, c_tok, c_cnt, c_next,
+    return draft_core(buf, n, k, c_slots, c_keys, c_head, c_total, c_maxc, c_tok, c_cnt, c_next,
                        d_slots, d_keys, d_head, d_total, d_maxc, d_tok, d_cnt, d_next,
                        first_off, key_second, key_draft, key_total, key_off, fol_token, fol_count,
                        ctx_a, ctx_p, dyn_a, dyn_p, info, sub)
-
-
-def _table(cache: NgramCache) -> tuple:
-    return (cache._slots, cache._keys, cache._head, cache._total, cache._maxc, cache._e_tok, cache._e_cnt,
-            cache._e_next)
 
 
 def draft_into(buf: np.ndarray, n: int, k: int, context: NgramCache, dynamic: NgramCache,
@@ -280,8 +276,8 @@ def draft_into(buf: np.ndarray, n: int, k: int, context: NgramCache, dynamic: Ng
     if len(buf) < n + k:
         raise ValueError(f"draft buffer holds {len(buf)} tokens, {n + k} needed")
     info = np.zeros(4, dtype=np.int64) if info is None else info
-    return int(_draft(buf, n, k, *_table(context), *_table(dynamic), *static.arrays,
-                      _CTX_A, _CTX_P, _DYN_A, _DYN_P, info))
+    return int(_draft(buf, n, k, *context.tables, *dynamic.tables, *static.arrays,
+                      CTX_A, CTX_P, DYN_A, DYN_P, info))
 
 
 def draft_fast(seq: Sequence[int], k: int, context: NgramCache | None = None,
@@ -355,19 +351,36 @@ class LookupSource:
         self.context.clear()
 
 
-def make_lookup_source(static_path: str | None, dynamic_path: str | None, n_vocab: int,
-                       fingerprint_fn) -> LookupSource:
-    """The ``--lookup`` source of a run: caches loaded from files (either may be absent)."""
-    from promptlookup.drafting.llamacpp_file import load_dynamic, open_static_any
+# --- the source vocabulary (promptlookup.drafting.spec): lookup[:draft=N][:static=FILE][:dynamic=FILE] ---
 
-    static = open_static_any(static_path, n_vocab, fingerprint_fn) if static_path else None
-    dynamic = load_dynamic(dynamic_path, n_vocab) if dynamic_path else None
-    return LookupSource(static=static, dynamic=dynamic)
+OPTIONS = {
+    "draft": DRAFT,
+    "static": Option(str, None, flag="--lookup-cache-static"),  # static 2-gram cache (either format)
+    "dynamic": Option(str, None, flag="--lookup-cache-dynamic"),  # llama.cpp format; saved back by save()
+}
 
 
-def save_lookup_dynamic(source: LookupSource, path: str) -> None:
-    """End of a run: merge the context cache into the dynamic one and save it atomically."""
-    from promptlookup.drafting.llamacpp_file import save_dynamic
+def factory(spec: SourceSpec, run: Run) -> Callable[[], LookupSource]:
+    """The static cache is opened once per run and shared; each source loads the dynamic cache
+    afresh (it learns: commit() merges the request into it)."""
+    from promptlookup.drafting.lookup.llamacpp_file import load_dynamic, open_static_any
 
-    source.commit()
-    save_dynamic(path, source.dynamic)
+    static_path, dynamic_path = spec.value("static"), spec.value("dynamic")
+    static = (run.shared("static", static_path,
+                         lambda: open_static_any(static_path, run.n_vocab, run.tokenizer_fingerprint,
+                                                 verify=run.verify))
+              if static_path else None)
+
+    def make() -> LookupSource:
+        dynamic = load_dynamic(dynamic_path, run.n_vocab) if dynamic_path else None
+        return LookupSource(static=static, dynamic=dynamic)
+
+    return make
+
+
+def save(spec: SourceSpec, source: LookupSource) -> None:
+    """End of a run (after commit): write the dynamic cache back atomically."""
+    from promptlookup.drafting.lookup.llamacpp_file import save_dynamic
+
+    if spec.value("dynamic"):
+        save_dynamic(spec.value("dynamic"), source.dynamic)

@@ -22,12 +22,13 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
-from promptlookup.drafting.ngram_cache import NGRAM_MAX, PAD, NgramCache
-from promptlookup.drafting.static_cache import (
+from promptlookup.drafting.lookup.cache import NGRAM_MAX, PAD, NgramCache
+from promptlookup.drafting.lookup.static_cache import (
     CacheFormatError,
     StaticCache,
     build_static,
 )
+from promptlookup.errors import InputError
 from promptlookup.fileio import atomic_write
 
 I32_MAX = 2**31 - 1
@@ -165,7 +166,7 @@ def read_llamacpp(path: str | os.PathLike[str], n_vocab: int | None = None) -> R
 def pack_llamacpp(keys: np.ndarray, off: np.ndarray, tok: np.ndarray, cnt: np.ndarray) -> bytes:
     """Records in llama.cpp's layout, sorted by key; followers must already be sorted by token."""
     if len(cnt) and int(np.max(cnt)) > I32_MAX:
-        raise ValueError("a count exceeds 2**31 - 1, which llama.cpp's int32 cache format cannot hold")
+        raise InputError("a count exceeds 2**31 - 1, which llama.cpp's int32 cache format cannot hold")
     keys = np.ascontiguousarray(keys, dtype=np.int32).reshape(-1, NGRAM_MAX)
     order = np.lexsort(keys.T[::-1]) if len(keys) else np.zeros(0, dtype=np.int64)
     out = _pack(keys, np.asarray(off, dtype=np.int64), np.asarray(tok, dtype=np.int32),
@@ -228,7 +229,7 @@ def open_static_any(path: str | os.PathLike[str], n_vocab: int, fingerprint_fn,
     ``fingerprint_fn()`` gives the tokenizer's fingerprint; it is only called when needed. ``verify``:
     our format's full body check (llama.cpp's format is always parsed and checked whole).
     """
-    from promptlookup.drafting.static_cache import is_static_file, open_static
+    from promptlookup.drafting.lookup.static_cache import is_static_file, open_static
 
     path = Path(path)
     if not path.is_file():
@@ -249,10 +250,10 @@ def merge_files(inputs: list[str], output: str, fmt: str | None, vocab_fn=None) 
     ``vocab_fn()`` -> (n_vocab, fingerprint) of a tokenizer, needed only to write our format when no
     input is in our format.
     """
-    from promptlookup.drafting.static_cache import is_static_file, open_static, write_static
+    from promptlookup.drafting.lookup.static_cache import is_static_file, open_static, write_static
 
     if not inputs:
-        raise ValueError("merge needs at least one input cache")
+        raise InputError("merge needs at least one input cache")
     for p in inputs:
         if not Path(p).is_file():
             raise CacheFormatError(f"cache not found: {p}")
@@ -268,21 +269,24 @@ def merge_files(inputs: list[str], output: str, fmt: str | None, vocab_fn=None) 
                                                     if k == "static"], statics, strict=True)))
         n_vocab = next(iter(fps))[0] if fps else None
         parts: list[Records] = []
+        names: list[str] = []  # parts[i] came from names[i]: llama.cpp files first, then ours
         for p, k in zip(inputs, kinds, strict=True):
             if k == "llamacpp":
                 parts.append(read_llamacpp(p, n_vocab))
+                names.append(p)
         parts.extend(records_from_static(c) for c in statics)
+        names.extend(p for p, k in zip(inputs, kinds, strict=True) if k == "static")
         if fmt == "static":
             if fps:
                 n_vocab, fp = next(iter(fps))
             elif vocab_fn is not None:
                 n_vocab, fp = vocab_fn()
             else:
-                raise ValueError("writing our static format needs a tokenizer fingerprint: give -m MODEL")
+                raise InputError("writing our static format needs a tokenizer fingerprint: give -m MODEL")
             t0s, t1s, toks, cnts = [], [], [], []
             for i, (keys, off, tok, cnt) in enumerate(parts):
                 if len(keys) and not (np.all(keys[:, :2] >= 0) and np.all(keys[:, 2:] == PAD)):
-                    raise CacheFormatError(f"{inputs[i] if i < len(inputs) else 'an input'}: holds "
+                    raise CacheFormatError(f"{names[i]}: holds "
                                            "n-grams other than 2-grams; merge it with --format llamacpp")
                 per = np.diff(off)
                 t0s.append(np.repeat(keys[:, 0], per))
@@ -295,7 +299,7 @@ def merge_files(inputs: list[str], output: str, fmt: str | None, vocab_fn=None) 
             return (f"merge: {len(inputs)} caches -> {output} (static format): {merged.n_keys} 2-grams, "
                     f"{merged.n_followers} followers, {size} bytes")
         if fmt != "llamacpp":
-            raise ValueError(f"unknown cache format {fmt!r} (static or llamacpp)")
+            raise InputError(f"unknown cache format {fmt!r} (static or llamacpp)")
         total = NgramCache(capacity=max(16, sum(len(p[0]) for p in parts)))
         for rec in parts:
             total.add_records(*rec)

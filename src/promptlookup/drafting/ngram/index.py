@@ -1,6 +1,6 @@
 """An incremental index for ``--ngram``: the best suffix match in O(log max_match) probes, not O(context).
 
-Why: the backward scan of :func:`promptlookup.drafting.suffix.suffix_match` reads the whole context on
+Why: the backward scan of :func:`promptlookup.drafting.ngram.source.suffix_match` reads the whole context on
 every call (tens of microseconds at 32k tokens). The rule (longest match, capped at ``max_match``,
 most recent among equals, no self-match) only needs, for each length l <= max_match, the most recent
 earlier position where the current l-token suffix ended. So every position e is indexed once, under
@@ -16,7 +16,7 @@ l-gram. A query is then a binary search on l, since "the l-gram suffix occurred 
 The table is open addressing keyed by (l, 64-bit hash); an entry is trusted only after its tokens are
 compared with the query's, so a hash collision costs a probe, never a wrong answer. A slot is one
 int64 (a 24-bit tag of the key, the length and the end), so a probe reads 8 bytes. Indexing is lazy:
-a query first indexes the ends added since the last one, all in one compiled call (:func:`_draft_span`
+a query first indexes the ends added since the last one, all in one compiled call (:func:`draft_span`
 also gates and clips the draft). The table stays at most half full; when it grows it leaves room for
 the context to grow by half again, so a long prompt sizes it once and generation rarely stops to
 rehash. Memory: at most 6 * max_match slots of 8 bytes per context token (16 MiB at 32k tokens with
@@ -66,8 +66,8 @@ def _same(corpus, a, b, length):
 
 # ``tab`` (int64, a power of two long): 0 when a slot is empty, else ``_tag(key, length) << 32 | end``.
 # ``state`` (int64): [0] entries, [1] scratch, [2] max_match, [3] ends indexed, [4] min_match (the
-# gate :func:`_draft_span` applies), [5] the end whose keys [5 + l] (l = 1..max_match) hold, or -1.
-_ENTRIES, _SCRATCH, _MAX_MATCH, _INDEXED, _MIN_MATCH, _HASHED, _KEYS = 0, 1, 2, 3, 4, 5, 5
+# gate :func:`draft_span` applies), [5] the end whose keys [5 + l] (l = 1..max_match) hold, or -1.
+_ENTRIES, _SCRATCH, STATE_MAX_MATCH, _INDEXED, STATE_MIN_MATCH, _HASHED, KEYS = 0, 1, 2, 3, 4, 5, 5
 _END = 0xFFFFFFFF
 _LEN = 0x7F
 
@@ -78,7 +78,7 @@ def _hash_keys(corpus, last, top, state):
     h = np.uint64(0)
     for length in range(1, top + 1):
         h = _step(h, corpus[last - length + 1])
-        state[_KEYS + length] = np.int64(_mix(h, length))
+        state[KEYS + length] = np.int64(_mix(h, length))
     state[_HASHED] = last
 
 
@@ -88,7 +88,7 @@ def _touch(tab, state, top, mask):
     the probes that follow (one after another) find their lines in cache."""
     acc = np.int64(0)
     for length in range(1, top + 1):
-        acc ^= tab[np.int64(np.uint64(state[_KEYS + length]) & np.uint64(mask))]
+        acc ^= tab[np.int64(np.uint64(state[KEYS + length]) & np.uint64(mask))]
     state[_SCRATCH] = acc  # keeps the loads
 
 
@@ -97,7 +97,7 @@ def _index_ends(corpus, stop, tab, state):
     """Index the ends from ``state[_INDEXED]`` up to ``stop - 1``. Stops early, returning False, before
     an end whose l-grams could fill the table past half (the caller grows it and calls again)."""
     mask = tab.shape[0] - 1
-    max_match = state[_MAX_MATCH]
+    max_match = state[STATE_MAX_MATCH]
     for e in range(state[_INDEXED], stop):
         top = min(max_match, e + 1)
         if 2 * (state[_ENTRIES] + top) > tab.shape[0]:
@@ -108,7 +108,7 @@ def _index_ends(corpus, stop, tab, state):
         _touch(tab, state, top, mask)
         fresh = False  # once an l-gram is new, every longer one ending at e is new too
         for length in range(1, top + 1):
-            key = state[_KEYS + length]
+            key = state[KEYS + length]
             tag = _tag(key, length)
             i = np.int64(np.uint64(key) & np.uint64(mask))
             val = (tag << 32) | e
@@ -146,14 +146,14 @@ def _lookup(corpus, last, length, key, tab):
 def _query(corpus, n, tab, state):
     """(match_end, match_len) for ``corpus[:n]`` with ends ``0..n-2`` indexed; (-1, 0) when none."""
     last = n - 1
-    top = min(state[_MAX_MATCH], n - 1)
+    top = min(state[STATE_MAX_MATCH], n - 1)
     _hash_keys(corpus, last, top, state)  # the next call indexes ``last`` with them
     _touch(tab, state, top, tab.shape[0] - 1)
     lo, lo_end = 0, np.int64(-1)  # the longest length known to occur, and where
     hi = top  # lengths above hi are known not to occur
     while lo < hi:
         mid = (lo + hi + 1) >> 1
-        e = _lookup(corpus, last, mid, state[_KEYS + mid], tab)
+        e = _lookup(corpus, last, mid, state[KEYS + mid], tab)
         if e >= 0:
             lo, lo_end = mid, e
         else:
@@ -173,19 +173,19 @@ def _index_and_query(corpus, n, tab, state):
 
 
 @njit(cache=True)
-def _draft_span(corpus, n, k, tab, state):
+def draft_span(corpus, n, k, tab, state):
     """The whole drafting call in one compiled call: index the ends up to ``n-2`` not yet in the table,
     find the best match of ``corpus[:n]``, apply the gate and clip the draft.
 
     Returns ``(start, stop, match_len)``: the draft is ``corpus[start:stop]``, empty (``start == stop``)
-    when the match is shorter than ``state[_MIN_MATCH]``, there is none, or ``k <= 0``. Returns
+    when the match is shorter than ``state[STATE_MIN_MATCH]``, there is none, or ``k <= 0``. Returns
     ``(0, 0, -1)`` when the table must grow first (:meth:`SuffixIndex.grow`; some ends may have been
     indexed): the caller grows it and calls again.
     """
     end, length = _index_and_query(corpus, n, tab, state)
     if length < 0:
         return 0, 0, -1
-    if end < 0 or length < state[_MIN_MATCH] or k <= 0:
+    if end < 0 or length < state[STATE_MIN_MATCH] or k <= 0:
         return 0, 0, length
     return end + 1, min(end + 1 + k, n), length
 
@@ -238,9 +238,9 @@ class SuffixIndex:
         while cap < capacity:
             cap *= 2
         self.tab = np.zeros(cap, dtype=np.int64)
-        self.state = np.zeros(_KEYS + max_match + 1, dtype=np.int64)
-        self.state[_MAX_MATCH] = max_match
-        self.state[_MIN_MATCH] = min_match
+        self.state = np.zeros(KEYS + max_match + 1, dtype=np.int64)
+        self.state[STATE_MAX_MATCH] = max_match
+        self.state[STATE_MIN_MATCH] = min_match
         self.state[_HASHED] = -1
 
     def reset(self) -> None:
@@ -269,7 +269,7 @@ class SuffixIndex:
         ``corpus[:n]`` must extend what earlier calls saw (call :meth:`reset` when it does not).
         """
         while True:
-            span = _draft_span(corpus, n, k, self.tab, self.state)
+            span = draft_span(corpus, n, k, self.tab, self.state)
             if span[2] >= 0:
                 return span
             self.grow(corpus, n)

@@ -45,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from promptlookup.drafting.suffix_automaton import (
+from promptlookup.drafting.suffix.automaton import (
     E_NEXT,
     E_TO,
     E_TOK,
@@ -62,6 +62,7 @@ from promptlookup.drafting.suffix_automaton import (
     SEP,
     SuffixAutomaton,
 )
+from promptlookup.errors import UserError
 from promptlookup.fileio import atomic_write
 
 MAGIC = b"PLSUFHST"
@@ -72,7 +73,7 @@ LOW_WATER = 0.75
 DEFAULT_BUDGET = 1 << 20
 
 
-class HistoryFormatError(ValueError):
+class HistoryFormatError(UserError, ValueError):
     """A history file that is not ours, not for this tokenizer, truncated or corrupt."""
 
 

@@ -18,7 +18,7 @@ to. With that, every count the drafter reads is the exact number of occurrences 
 at most ``depth`` tokens.
 
 Layout: flat int32/int64 numpy arrays, so the hot loops are numba functions and the whole
-structure saves to a file as it is (see :mod:`promptlookup.drafting.history`). One state row is
+structure saves to a file as it is (see :mod:`promptlookup.drafting.suffix.history`). One state row is
 ``LEN, LINK, CNT, LAST, HINT, FIRST, OUTDEG`` (LAST: most recent end position, for recency
 tie-breaks; FIRST: head of the state's transition list; OUTDEG: transitions other than the
 separator). A transition is an edge row ``NEXT, TOK, TO`` plus a slot in an open-addressing hash
@@ -203,7 +203,7 @@ def _append(st, ed, hk, hv, meta, tok):
 
 
 @njit(cache=True)
-def _extend(st, ed, hk, hv, meta, tokens):
+def extend_tokens(st, ed, hk, hv, meta, tokens):
     for i in range(len(tokens)):
         _append(st, ed, hk, hv, meta, tokens[i])
 
@@ -227,7 +227,7 @@ class SuffixAutomaton:
     """A growable suffix automaton over int token ids, with depth-capped occurrence counts.
 
     ``extend`` appends tokens (use :data:`SEP` between documents); the numba kernels in this module
-    and in :mod:`promptlookup.drafting.suffix_source` read the arrays directly.
+    and in :mod:`promptlookup.drafting.suffix.source` read the arrays directly.
     """
 
     def __init__(self, depth: int = DEFAULT_DEPTH, capacity: int = 1024) -> None:
@@ -284,7 +284,7 @@ class SuffixAutomaton:
         if len(arr) == 0:
             return
         self.reserve(self.n_tokens + len(arr))
-        _extend(self.st, self.ed, self.hk, self.hv, self.meta, arr)
+        extend_tokens(self.st, self.ed, self.hk, self.hv, self.meta, arr)
 
     @property
     def last_state(self) -> int:

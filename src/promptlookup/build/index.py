@@ -21,9 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from promptlookup import corpus
-from promptlookup.corpus import BLOCK, iter_blocks
-from promptlookup.drafting.corpus_index import build_suffix_array, write_index
+from promptlookup.build import create as corpus
+from promptlookup.build.create import BLOCK, iter_blocks
+from promptlookup.drafting.suffix.corpus_index import build_suffix_array, write_index
+from promptlookup.errors import InputError
 
 
 @dataclass
@@ -55,17 +56,17 @@ def tokenize_corpus(paths: Sequence[str | os.PathLike[str]], model_path: str | o
 
     for p in paths:
         if not Path(p).is_file():
-            raise ValueError(f"corpus file not found: {p}")
+            raise InputError(f"corpus file not found: {p}")
     total = sum(Path(p).stat().st_size for p in paths)
     bar = tqdm(total=total, unit="B", unit_scale=True, desc="tokenize", disable=not progress,
                file=sys.stderr)
     parts: list[np.ndarray] = []
     with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=get_context("spawn"),
-                             initializer=corpus._worker_init, initargs=(str(model_path), tokenizer)) as pool:
+                             initializer=corpus.worker_init, initargs=(str(model_path), tokenizer)) as pool:
         inflight: deque[tuple[Future, int]] = deque()
         first = True
         for data in iter_blocks(paths, block):
-            inflight.append((pool.submit(corpus._worker_tokens, data, first), len(data)))
+            inflight.append((pool.submit(corpus.worker_tokens, data, first), len(data)))
             first = False
             while len(inflight) >= 2 * max(1, workers):
                 fut, nbytes = inflight.popleft()
@@ -83,7 +84,7 @@ def run_index(paths: Sequence[str], model_path: str | os.PathLike[str], output: 
               progress: bool = True, tokenizer: str = "memo") -> IndexStats:
     """Tokenize ``paths`` (joined), build the suffix array, write it atomically to ``output``."""
     if not Path(output).resolve().parent.is_dir():
-        raise ValueError(f"output directory does not exist: {Path(output).parent}")
+        raise InputError(f"output directory does not exist: {Path(output).parent}")
     tok = corpus.open_tokenizer(model_path, tokenizer)
     fp = getattr(tok, "base", tok).fingerprint()
     st = IndexStats(n_bytes=sum(Path(p).stat().st_size for p in paths if Path(p).is_file()),

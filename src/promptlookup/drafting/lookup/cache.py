@@ -91,7 +91,7 @@ def _hash4(t0, t1, t2, t3):
 
 
 @njit(cache=True)
-def _find(slots, keys, t0, t1, t2, t3):
+def find_ngram(slots, keys, t0, t1, t2, t3):
     """Id of the n-gram ``(t0..t3)`` or -1; the table is never more than half full, so this ends."""
     mask = slots.shape[0] - 1
     i = np.int64(_hash4(t0, t1, t2, t3) & np.uint64(mask))
@@ -145,7 +145,7 @@ def _add(slots, keys, head, total, maxc, e_tok, e_cnt, e_next, meta, t0, t1, t2,
 
 
 @njit(cache=True)
-def _update(slots, keys, head, total, maxc, e_tok, e_cnt, e_next, meta, seq, n, nnew, nmin, nmax):
+def update_ngrams(slots, keys, head, total, maxc, e_tok, e_cnt, e_next, meta, seq, n, nnew, nmin, nmax):
     for size in range(nmin, nmax + 1):
         start = max(n - nnew, size)
         for i in range(start, n):
@@ -227,7 +227,19 @@ class NgramCache:
         self._meta = np.zeros(2, dtype=np.int64)  # [n-grams, follower entries]
 
     # -- capacity ---------------------------------------------------------------------------
-    def _reserve(self, more_ngrams: int, more_entries: int) -> None:
+    @property
+    def tables(self) -> tuple[np.ndarray, ...]:
+        """The hash table and entry arrays, in the order the compiled kernels take them (slots, keys,
+        head, total, maxc, e_tok, e_cnt, e_next); valid until the next insert grows them."""
+        return (self._slots, self._keys, self._head, self._total, self._maxc, self._e_tok, self._e_cnt,
+                self._e_next)
+
+    @property
+    def meta(self) -> np.ndarray:
+        """``[n-grams, follower entries]``, updated in place by the kernels."""
+        return self._meta
+
+    def reserve(self, more_ngrams: int, more_entries: int) -> None:
         need_n = int(self._meta[0]) + more_ngrams
         if need_n > len(self._keys):
             size = max(need_n, 2 * len(self._keys))
@@ -264,19 +276,19 @@ class NgramCache:
         if nnew <= 0:
             return
         sizes = ngram_max - ngram_min + 1
-        self._reserve(sizes * nnew, sizes * nnew)
-        _update(*self._arrays, seq, n, nnew, ngram_min, ngram_max)
+        self.reserve(sizes * nnew, sizes * nnew)
+        update_ngrams(*self._arrays, seq, n, nnew, ngram_min, ngram_max)
 
     def add(self, ngram: Sequence[int], token: int, count: int = 1) -> None:
         k = _key(ngram) + (PAD,) * (NGRAM_MAX - len(ngram))
-        self._reserve(1, 1)
+        self.reserve(1, 1)
         _add(*self._arrays, k[0], k[1], k[2], k[3], int(token), int(count))
 
     def get(self, ngram: Sequence[int]) -> dict[int, int]:
         k = tuple(int(t) for t in ngram) + (PAD,) * (NGRAM_MAX - len(ngram))
         if len(k) != NGRAM_MAX:
             return {}
-        s = _find(self._slots, self._keys, *k)
+        s = find_ngram(self._slots, self._keys, *k)
         out: dict[int, int] = {}
         if s >= 0:
             e = int(self._head[s])
@@ -288,7 +300,7 @@ class NgramCache:
     def merge(self, other: NgramCache | DictNgramCache) -> None:
         """Add every count of ``other`` into this cache (llama.cpp's ``common_ngram_cache_merge``)."""
         if isinstance(other, NgramCache):
-            self._reserve(len(other), other.n_entries)
+            self.reserve(len(other), other.n_entries)
             _merge(*self._arrays, other._keys, other._head, other._e_tok, other._e_cnt,
                    other._e_next, len(other))
         else:
@@ -298,7 +310,7 @@ class NgramCache:
 
     def add_records(self, keys: np.ndarray, off: np.ndarray, tok: np.ndarray, cnt: np.ndarray) -> None:
         """Bulk add of flattened records: ``keys[r]`` (4 slots) has followers ``tok/cnt[off[r]:off[r+1]]``."""
-        self._reserve(len(keys), len(tok))
+        self.reserve(len(keys), len(tok))
         _add_records(*self._arrays, np.ascontiguousarray(keys, dtype=np.int32),
                      np.ascontiguousarray(off, dtype=np.int64), np.ascontiguousarray(tok, dtype=np.int32),
                      np.ascontiguousarray(cnt, dtype=np.int64))

@@ -20,13 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from promptlookup.errors import UserError
 from promptlookup.fileio import atomic_write_text
 
 MAX_CURVE_TOKENS = 16
 CACHE_DIR = Path(os.environ.get("PROMPTLOOKUP_CACHE", Path.home() / ".cache" / "promptlookup"))
 
 
-class CostCurveError(ValueError):
+class CostCurveError(UserError, ValueError):
     """A cost curve file that is missing, malformed or physically impossible."""
 
 

@@ -1,13 +1,13 @@
 """The lookup-stats replay of ``--lookup`` compiled whole: one numba call per chunk.
 
-Why: :func:`promptlookup.replay.replay` drives any DraftSource through Python, one ``propose`` (a
+Why: :func:`promptlookup.measure.replay.replay` drives any DraftSource through Python, one ``propose`` (a
 ``Draft`` object) and one ``extend`` per confirmed token. That costs 10-17 us per drafted token, while
 the drafting itself is well under one: the measurement would be of the interpreter, not of the rule.
 Here the whole per-chunk loop (draft, compare with the text, update the context cache) runs inside
 one compiled function over the same arrays and the same numba draft rule the ``--lookup`` source uses;
 Python only resets the context cache and merges it into the dynamic one between chunks, as
-lookup-stats does outside its timers. :func:`promptlookup.replay.replay` with
-:class:`~promptlookup.drafting.lookup.LookupSource` stays the reference: tests hold both to identical
+lookup-stats does outside its timers. :func:`promptlookup.measure.replay.replay` with
+:class:`~promptlookup.drafting.lookup.source.LookupSource` stays the reference: tests hold both to identical
 ``n_drafted`` / ``n_accept`` on real text.
 """
 
@@ -20,10 +20,18 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit
 
-from promptlookup.drafting.lookup import _CTX_A, _CTX_P, _DYN_A, _DYN_P, LookupSource, _draft_core, _table
-from promptlookup.drafting.ngram_cache import NGRAM_MAX, NGRAM_MIN, NgramCache, _update
-from promptlookup.drafting.static_cache import StaticCache
-from promptlookup.replay import ReplayStats
+from promptlookup.drafting.lookup.cache import NGRAM_MAX, NGRAM_MIN, NgramCache, update_ngrams
+from promptlookup.drafting.lookup.source import (
+    CTX_A,
+    CTX_P,
+    DYN_A,
+    DYN_P,
+    LookupSource,
+    draft_core,
+)
+from promptlookup.drafting.lookup.static_cache import StaticCache
+from promptlookup.errors import InputError
+from promptlookup.measure.replay import ReplayStats
 
 
 @njit(cache=True)
@@ -41,7 +49,7 @@ def _replay_chunk(chunk, n_ctx, n_draft, buf,
     n_drafted = 0
     n_accept = 0
     while n < n_ctx:
-        d = _draft_core(buf, n, n_draft, c_slots, c_keys, c_head, c_total, c_maxc, c_tok, c_cnt, c_next,
+        d = draft_core(buf, n, n_draft, c_slots, c_keys, c_head, c_total, c_maxc, c_tok, c_cnt, c_next,
                         d_slots, d_keys, d_head, d_total, d_maxc, d_tok, d_cnt, d_next,
                         first_off, key_second, key_draft, key_total, key_off, fol_token, fol_count,
                         ctx_a, ctx_p, dyn_a, dyn_p, info, sub)
@@ -52,26 +60,26 @@ def _replay_chunk(chunk, n_ctx, n_draft, buf,
                 break
             n += 1
             n_accept += 1
-            _update(c_slots, c_keys, c_head, c_total, c_maxc, c_tok, c_cnt, c_next, c_meta, buf, n, 1,
+            update_ngrams(c_slots, c_keys, c_head, c_total, c_maxc, c_tok, c_cnt, c_next, c_meta, buf, n, 1,
                     NGRAM_MIN, NGRAM_MAX)
         if n < n_ctx:
             buf[n] = chunk[n]
             n += 1
-            _update(c_slots, c_keys, c_head, c_total, c_maxc, c_tok, c_cnt, c_next, c_meta, buf, n, 1,
+            update_ngrams(c_slots, c_keys, c_head, c_total, c_maxc, c_tok, c_cnt, c_next, c_meta, buf, n, 1,
                     NGRAM_MIN, NGRAM_MAX)
     return n_drafted, n_accept
 
 
 def _run_chunk(chunk: np.ndarray, n_draft: int, buf: np.ndarray, source: LookupSource) -> tuple[int, int]:
     ctx = source.context
-    return _replay_chunk(chunk, len(chunk), n_draft, buf, *_table(ctx), ctx._meta, *_table(source.dynamic),
-                         *source.static.arrays, _CTX_A, _CTX_P, _DYN_A, _DYN_P)
+    return _replay_chunk(chunk, len(chunk), n_draft, buf, *ctx.tables, ctx.meta, *source.dynamic.tables,
+                         *source.static.arrays, CTX_A, CTX_P, DYN_A, DYN_P)
 
 
 def _fresh_context(ctx: NgramCache, n_ctx: int) -> None:
     ctx.clear()
     size = (NGRAM_MAX - NGRAM_MIN + 1) * n_ctx
-    ctx._reserve(size, size)
+    ctx.reserve(size, size)
 
 
 def warm_up(static: StaticCache | None = None) -> None:
@@ -87,9 +95,9 @@ def replay_lookup(tokens: Sequence[int] | np.ndarray, n_ctx: int, n_draft: int,
                   t_load_s: float = 0.0) -> ReplayStats:
     """Fast twin of ``replay(tokens, n_ctx, n_draft, lambda: LookupSource(static, dynamic))``."""
     if n_ctx < 2:
-        raise ValueError(f"the replay chunk size (-c) must be at least 2, got {n_ctx}")
+        raise InputError(f"the replay chunk size (-c) must be at least 2, got {n_ctx}")
     if n_draft < 1:
-        raise ValueError(f"--draft must be at least 1, got {n_draft}")
+        raise InputError(f"--draft must be at least 1, got {n_draft}")
     toks = np.ascontiguousarray(tokens, dtype=np.int32)
     n_input = len(toks)
     warm_up(static)

@@ -63,6 +63,7 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
+from promptlookup.errors import InputError, UserError
 from promptlookup.fileio import atomic_write
 
 MAGIC = b"PLSTATIC"
@@ -75,7 +76,7 @@ STATIC_MIN_TOTAL = 2  # llama.cpp: draft_min_sample_size_lax[LLAMA_NGRAM_STATIC 
 STATIC_MIN_PERCENT = 50  # llama.cpp: draft_min_percent_lax[LLAMA_NGRAM_STATIC - 1]
 
 
-class CacheFormatError(ValueError):
+class CacheFormatError(UserError, ValueError):
     """A cache file that cannot be used; the message names the file and the problem."""
 
 
@@ -127,7 +128,7 @@ class StaticCache:
                 self.fol_token, self.fol_count)
 
     def key_index(self, t0: int, t1: int) -> int:
-        return int(_static_key(self.first_off, self.key_second, t0, t1))
+        return int(static_key(self.first_off, self.key_second, t0, t1))
 
     def get(self, ngram: Sequence[int]) -> dict[int, int]:
         """Followers of a 2-gram as ``{token: count}`` (the slow path, for tests and conversions)."""
@@ -173,7 +174,7 @@ def empty_static() -> StaticCache:
 
 # -- lookups (numba, bounds-checked: a corrupt file can mislead, never crash) ---------------------
 @njit(cache=True)
-def _static_key(first_off, key_second, t0, t1):
+def static_key(first_off, key_second, t0, t1):
     """Index of the key ``(t0, t1)`` or -1."""
     if t0 < 0 or t0 + 1 >= first_off.shape[0]:
         return -1
@@ -193,7 +194,7 @@ def _static_key(first_off, key_second, t0, t1):
 
 
 @njit(cache=True)
-def _follower_range(key_off, n_fol, k):
+def follower_range(key_off, n_fol, k):
     """``(lo, hi)`` of key ``k``'s followers, or ``(0, 0)`` when the offsets are out of bounds."""
     if k < 0 or k + 1 >= key_off.shape[0]:
         return 0, 0
@@ -205,7 +206,7 @@ def _follower_range(key_off, n_fol, k):
 
 
 @njit(cache=True)
-def _search(fol_token, fol_count, lo, hi, token):
+def search_follower(fol_token, fol_count, lo, hi, token):
     end = hi
     while lo < hi:
         mid = (lo + hi) >> 1
@@ -220,10 +221,10 @@ def _search(fol_token, fol_count, lo, hi, token):
 
 @njit(cache=True)
 def _follower_count(key_off, fol_token, fol_count, k, token):
-    lo, hi = _follower_range(key_off, fol_token.shape[0], k)
+    lo, hi = follower_range(key_off, fol_token.shape[0], k)
     if lo >= hi:
         return np.int64(0)
-    return _search(fol_token, fol_count, lo, hi, token)
+    return search_follower(fol_token, fol_count, lo, hi, token)
 
 
 # -- building -----------------------------------------------------------------------------------
@@ -266,10 +267,10 @@ def from_sorted_triples(t0: np.ndarray, t1: np.ndarray, fol: np.ndarray, count: 
         kstart = np.zeros(0, dtype=np.int64)
     n_keys = len(kstart)
     if n_fol > U32_MAX or n_keys > U32_MAX:
-        raise ValueError("the corpus is too large for the static cache format (2**32 followers)")
+        raise InputError("the corpus is too large for the static cache format (2**32 followers)")
     totals = np.add.reduceat(np.asarray(count, dtype=np.int64), kstart) if n_keys else np.zeros(0, np.int64)
     if n_keys and totals.max() > U32_MAX:
-        raise ValueError("a 2-gram occurs more than 2**32 times: too large for the static cache format")
+        raise InputError("a 2-gram occurs more than 2**32 times: too large for the static cache format")
     key_off = np.empty(n_keys + 1, dtype=np.uint32)
     key_off[:-1] = kstart
     key_off[-1] = n_fol

@@ -202,7 +202,7 @@ def ensure_build_checked(model: str | os.PathLike[str], threads: int | None = No
     else on ``model``. Raises :class:`BackendError` with the reason (and where to look) when the child
     dies or computes wrong logits; a passing build is stamped and never checked again.
     """
-    from promptlookup.models import ModelError, bundled_model_path
+    from promptlookup.backends.models import ModelError, bundled_model_path
 
     fp = library_fingerprint()
     if fp is None:
@@ -244,7 +244,7 @@ def verdict(relative: list[float]) -> str:
 def run_doctor(model: str | os.PathLike[str] | None, threads: int | None, smoke_only: bool,
                out=print) -> int:
     """Print the report; 0 when healthy, 3 when the smoke test failed, 2 when it could not run."""
-    from promptlookup.models import resolve_model
+    from promptlookup.backends.models import resolve_model
 
     model_path = resolve_model(model)
     if not smoke_only:

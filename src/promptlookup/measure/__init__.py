@@ -1,0 +1,1 @@
+"""Replays, simulations, cost curves and the A/B harness: what tells whether drafting paid."""

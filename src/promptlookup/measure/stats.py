@@ -1,0 +1,64 @@
+"""``promptlookup stats``: replay a text through a source spec, and simulate it under a cost curve.
+
+Why its own module: the replay (:mod:`promptlookup.measure.replay`) and its compiled twin for
+``--lookup`` (:mod:`promptlookup.measure.replay_lookup`) only drive sources; this is where a text
+is tokenized, the spec's files are opened (their open time is the replay's load time) and the
+replay to run is chosen.
+"""
+
+from __future__ import annotations
+
+import time
+
+from promptlookup.drafting.spec import Run, SourceSpec, options_of, source_factory
+from promptlookup.measure.replay import ReplayStats, read_text_tokens, replay
+
+
+def run_stats(text: str, model_path: str, n_ctx: int, spec: SourceSpec, verify: bool = False,
+              reference: bool = False) -> ReplayStats:
+    """Tokenize ``text`` with the model's vocabulary and replay it through ``spec``'s source.
+
+    ``lookup`` replays with the compiled loop unless ``reference``; ``verify`` runs the full body
+    checks of the static cache or corpus index at open (counted in the load time).
+    """
+    from promptlookup.build.create import VocabTokenizer
+
+    compiled = spec.name == "lookup" and not reference
+    tok = VocabTokenizer(model_path)
+    tokens = read_text_tokens(text, tok, as_list=not compiled)
+    files = any(options_of(spec.name)[k].kind is str for k, _ in spec.options)  # paths to check
+    fingerprint = tok.fingerprint() if files else ""  # the tokenizer's work, not the files' load
+    run = Run(tok.n_vocab, lambda: fingerprint, verify=verify)
+    tok.close()  # the vocabulary's memory is not needed by the replay
+    t0 = time.perf_counter()
+    make = source_factory(spec, run)
+    if not compiled:
+        t_load = time.perf_counter() - t0
+        return replay(tokens, n_ctx, spec.draft, make, t_load)
+    from promptlookup.measure.replay_lookup import replay_lookup
+
+    source = make()
+    t_load = time.perf_counter() - t0
+    return replay_lookup(tokens, n_ctx, spec.draft, static=source.static, dynamic=source.dynamic,
+                         t_load_s=t_load)
+
+
+def cost_simulation(text: str, model_path: str, n_ctx: int, spec: SourceSpec, curve_arg: str) -> str:
+    """``stats --cost-curve``: the text under ``spec`` at fixed draft lengths, under ``auto`` (with
+    the spec's files) and the hindsight oracle, on a backend with that curve (a file or ``flat``)."""
+    from promptlookup.build.create import VocabTokenizer
+    from promptlookup.measure.costs import CostCurve
+    from promptlookup.measure.simulate import report_table, simulate_text
+    from promptlookup.speculate import MAX_DRAFT
+
+    curve = CostCurve.flat(MAX_DRAFT + 1) if curve_arg == "flat" else CostCurve.load(curve_arg)
+    tok = VocabTokenizer(model_path)
+    tokens = read_text_tokens(text, tok)
+    run = Run(tok.n_vocab, tok.fingerprint, cost_curve=lambda: curve)
+    fixed = source_factory(spec, run)
+    auto = source_factory(SourceSpec("auto", spec.with_options(options_of("auto"))), run)
+    policies = {f"{spec.name} draft {k}": (fixed, k) for k in sorted({1, 2, 3, 4, 8, spec.draft})}
+    policies["auto"] = (auto, MAX_DRAFT)
+    results = simulate_text(tokens, n_ctx, curve, policies, oracle_sources=lambda: auto().sources,
+                            max_draft=MAX_DRAFT)
+    return report_table(results, curve)
