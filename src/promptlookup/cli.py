@@ -11,6 +11,21 @@ from typing import NoReturn
 
 from promptlookup.speculate import MAX_DRAFT
 
+# Upper bounds of the numeric flags, checked at parse time so that no value reaches code that cannot
+# honour it (llama.cpp segfaults at -t 65536 and aborts with std::bad_alloc on a 31-digit one).
+MAX_THREADS = 512  # llama.cpp's GGML_MAX_N_THREADS; past the cores more threads only slow it down
+MAX_CTX = 1 << 20  # tokens; a model's own limit (training context, memory) is checked when it loads
+MAX_PREDICT = MAX_CTX
+MAX_REPEAT = 1000
+MAX_HISTORY_BUDGET = 1 << 32  # tokens; the history file stores sizes as u64 but 4 bytes per token
+
+
+def max_workers() -> int:
+    """Tokenizer processes of create/index: at most the cores (each holds a vocabulary, ~200 MB)."""
+    from promptlookup.backends.llama_cpp import default_threads
+
+    return max(2, default_threads())
+
 
 class UsageError(Exception):
     """A problem with what the user asked for; printed as one line, exit status 2."""
@@ -42,23 +57,24 @@ def _add_model_args(p: argparse.ArgumentParser, backend: bool = False) -> None:
         p.add_argument("--backend", choices=("llama.cpp", "transformers"), default="llama.cpp",
                        help="engine (default llama.cpp); transformers needs the [transformers] extra "
                             "and loads a GGUF dequantized to fp32")
-    p.add_argument("-t", "--threads", type=_int_in(1, None, "--threads"),
-                   help="CPU threads (default: the cores available)")
-    p.add_argument("-c", "--ctx-size", type=_int_in(16, None, "--ctx-size"), default=4096,
-                   help="context size in tokens (default 4096)")
+    p.add_argument("-t", "--threads", type=_int_in(1, MAX_THREADS, "--threads"),
+                   help=f"CPU threads, 1..{MAX_THREADS} (default: the cores available)")
+    p.add_argument("-c", "--ctx-size", type=_int_in(16, MAX_CTX, "--ctx-size"), default=4096,
+                   help="context size in tokens (default 4096; at most the model's training context)")
 
 
 def _add_draft_args(p: argparse.ArgumentParser) -> None:
-    from promptlookup.drafting.suffix import DEFAULT_MAX_MATCH, DEFAULT_MIN_MATCH
+    from promptlookup.drafting.suffix import DEFAULT_MAX_MATCH, DEFAULT_MIN_MATCH, MAX_MATCH_LIMIT
 
     p.add_argument("--draft", type=_int_in(1, MAX_DRAFT, "--draft"), default=3,
                    help=f"tokens drafted per verify batch, 1..{MAX_DRAFT} (default 3)")
-    p.add_argument("--ngram-min-match", type=_int_in(1, None, "--ngram-min-match"),
+    p.add_argument("--ngram-min-match", type=_int_in(1, MAX_MATCH_LIMIT, "--ngram-min-match"),
                    default=DEFAULT_MIN_MATCH,
                    help=f"shortest matching run allowed to draft (default {DEFAULT_MIN_MATCH})")
-    p.add_argument("--ngram-max-match", type=_int_in(1, None, "--ngram-max-match"),
+    p.add_argument("--ngram-max-match", type=_int_in(1, MAX_MATCH_LIMIT, "--ngram-max-match"),
                    default=DEFAULT_MAX_MATCH,
-                   help=f"longest suffix compared when matching (default {DEFAULT_MAX_MATCH})")
+                   help=f"longest suffix compared when matching, 1..{MAX_MATCH_LIMIT} "
+                        f"(default {DEFAULT_MAX_MATCH})")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("-f", "--file", help="read the prompt from this file ('-' for stdin)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--system", help="system message for --chat")
-    g.add_argument("-n", "--n-predict", type=_int_in(1, None, "--n-predict"), default=256,
+    g.add_argument("-n", "--n-predict", type=_int_in(1, MAX_PREDICT, "--n-predict"), default=256,
                    help="maximum tokens to generate (default 256)")
     how = g.add_mutually_exclusive_group()
     how.add_argument("--ngram", action="store_true", help="draft by suffix match (seed 000)")
@@ -88,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_lookup_cache_args(g)
     g.add_argument("--suffix-history", metavar="FILE",
                    help="earlier requests for --suffix / auto: loaded at start, this run added and saved")
-    g.add_argument("--suffix-history-budget", type=_int_in(1, None, "--suffix-history-budget"),
+    g.add_argument("--suffix-history-budget",
+                   type=_int_in(1, MAX_HISTORY_BUDGET, "--suffix-history-budget"),
                    metavar="TOKENS", help="history memory budget in tokens; the oldest requests go first")
     g.add_argument("--suffix-corpus", metavar="FILE",
                    help="corpus suffix-array index (promptlookup index) for --suffix / auto: long matches "
@@ -117,9 +134,9 @@ def _add_bench_command(sub) -> None:
                    help="prompt files, or directories of *.txt prompts (default benchmarks/workloads)")
     b.add_argument("--cells", default="off,ngram,auto",
                    help="comma-separated cells, e.g. off,ngram,ngram:draft=1:min=5,lookup,auto")
-    b.add_argument("--repeat", type=_int_in(1, None, "--repeat"), default=2,
+    b.add_argument("--repeat", type=_int_in(1, MAX_REPEAT, "--repeat"), default=2,
                    help="rounds; off runs once per round, so at least 2 gives a noise band (default 2)")
-    b.add_argument("-n", "--n-predict", type=_int_in(1, None, "--n-predict"), default=256)
+    b.add_argument("-n", "--n-predict", type=_int_in(1, MAX_PREDICT, "--n-predict"), default=256)
     b.add_argument("--no-chat", action="store_true", help="feed the prompts raw, without the chat template")
     b.add_argument("--csv", metavar="FILE", help="write every run's counters as CSV")
     b.add_argument("--md", metavar="FILE", help="write the markdown tables")
@@ -138,7 +155,8 @@ def _add_corpus_args(p, output_metavar: str, output_help: str) -> None:
     p.add_argument("-m", "--model", help="GGUF whose tokenizer to use (default: bundled SmolLM2)")
     p.add_argument("-f", "--file", nargs="+", required=True, metavar="CORPUS", help="corpus text file(s)")
     p.add_argument("-o", "--output", required=True, metavar=output_metavar, help=output_help)
-    p.add_argument("-t", "--threads", type=_int_in(1, None, "--threads"), help="tokenizer processes")
+    p.add_argument("-t", "--threads", type=_int_in(1, max_workers(), "--threads"),
+                   help=f"tokenizer processes, 1..{max_workers()} (the cores; default all)")
     p.add_argument("--tokenizer", choices=("memo", "llama"), default="memo",
                    help="memo (default): llama.cpp's tokens, each distinct piece tokenized once; "
                         "llama: llama.cpp's tokenizer on every byte (the reference, slower)")
@@ -189,19 +207,12 @@ def _add_lookup_commands(sub) -> None:
 
 
 def _read_prompt(args: argparse.Namespace) -> str:
+    from promptlookup.textin import prompt_text, read_prompt_file
+
     if args.prompt is not None:
-        text = args.prompt
+        text = prompt_text(args.prompt, "-p/--prompt")
     elif args.file is not None:
-        if args.file == "-":
-            text = sys.stdin.read()
-        else:
-            path = Path(args.file)
-            if not path.is_file():
-                raise UsageError(f"prompt file not found: {path}")
-            try:
-                text = path.read_text(encoding="utf-8")
-            except UnicodeDecodeError as exc:
-                raise UsageError(f"prompt file is not UTF-8 text: {path} ({exc.reason})") from None
+        text = read_prompt_file(args.file)
     else:
         raise UsageError("no prompt: give -p TEXT or -f FILE")
     if not text.strip():

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from promptlookup.drafting.base import DraftSource
+from promptlookup.textin import read_text_bytes, replaced_note
 
 
 @dataclass
@@ -46,6 +47,7 @@ class ReplayStats:
     t_draft_s: float = 0.0
     t_load_s: float = 0.0
     peak_rss_bytes: int = 0
+    n_invalid_utf8: int = 0  # invalid UTF-8 sequences in the text, replaced by U+FFFD before tokenizing
 
     @property
     def accept(self) -> float:
@@ -77,6 +79,7 @@ class ReplayStats:
             f"n_accept     = {self.n_accept}",
             f"accept       = {100 * self.accept:.3f}%",
             f"peak RSS     = {self.peak_rss_bytes / 2**20:.1f} MiB",
+            *replaced_note(self.n_invalid_utf8, "note"),
         ]
 
 
@@ -129,20 +132,16 @@ def replay(tokens: Sequence[int], n_ctx: int, n_draft: int,
     return st
 
 
-def read_text_tokens(path: str, tokenizer, as_list: bool = True):
-    """The replay text, read as is, tokenized as llama.cpp's lookup-stats does (special tokens on).
+def read_text_tokens(path: str, tokenizer, as_list: bool = True) -> tuple:
+    """The replay text, read as is, tokenized as llama.cpp's lookup-stats does (special tokens on);
+    ``(tokens, invalid UTF-8 sequences replaced)`` (see :mod:`promptlookup.textin`).
 
-    A list of ints, or with ``as_list=False`` the int32 array (a tenth of the memory)."""
-    from pathlib import Path
-
-    p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"text file not found: {p}")
-    data = p.read_bytes()
+    The tokens are a list of ints, or with ``as_list=False`` the int32 array (a tenth of the memory)."""
+    data, n_bad = read_text_bytes(path, "text file")
     if not data.strip():
-        raise ValueError(f"text file is empty: {p}")
+        raise ValueError(f"text file is empty: {path}")
     ids = tokenizer.tokenize(data, add_special=True, parse_special=True)
-    return [int(t) for t in ids] if as_list else ids
+    return ([int(t) for t in ids] if as_list else ids), n_bad
 
 
 def run_stats(text: str, model_path: str, n_ctx: int, n_draft: int, source: str = "lookup",
@@ -157,10 +156,19 @@ def run_stats(text: str, model_path: str, n_ctx: int, n_draft: int, source: str 
     from promptlookup.corpus import VocabTokenizer
 
     tok = VocabTokenizer(model_path)
-    tokens = read_text_tokens(text, tok, as_list=source != "lookup" or reference)
+    tokens, n_bad = read_text_tokens(text, tok, as_list=source != "lookup" or reference)
     n_vocab = tok.n_vocab
     fingerprint = tok.fingerprint() if static_path else ""  # the tokenizer's, not the cache's work
     tok.close()  # the vocabulary's memory is not needed by the replay
+    st = _replay_source(tokens, n_vocab, fingerprint, n_ctx, n_draft, source, static_path, dynamic_path,
+                        ngram_min_match, ngram_max_match, verify, reference)
+    st.n_invalid_utf8 = n_bad
+    return st
+
+
+def _replay_source(tokens, n_vocab: int, fingerprint: str, n_ctx: int, n_draft: int, source: str,
+                   static_path: str | None, dynamic_path: str | None, ngram_min_match: int,
+                   ngram_max_match: int, verify: bool, reference: bool) -> ReplayStats:
     if source == "ngram":
         if static_path or dynamic_path:
             raise ValueError("--lookup-cache-static/--lookup-cache-dynamic only apply to --source lookup")

@@ -21,11 +21,13 @@ def run_stats_suffix(text: str, model_path: str, n_ctx: int, n_draft: int, corpu
     from promptlookup.drafting.suffix_source import SuffixSource
 
     tok = VocabTokenizer(model_path)
-    tokens = read_text_tokens(text, tok)
+    tokens, n_bad = read_text_tokens(text, tok)
     fingerprint = tok.fingerprint() if corpus_path else ""
     t0 = time.perf_counter()
     index = (open_index(corpus_path, fingerprint=fingerprint, n_vocab=tok.n_vocab, verify=verify)
              if corpus_path else None)
     t_load = time.perf_counter() - t0
-    return replay(tokens, n_ctx, n_draft,
-                  lambda: SuffixSource(history=History(), n_vocab=tok.n_vocab, corpus=index), t_load)
+    st = replay(tokens, n_ctx, n_draft,
+                lambda: SuffixSource(history=History(), n_vocab=tok.n_vocab, corpus=index), t_load)
+    st.n_invalid_utf8 = n_bad
+    return st

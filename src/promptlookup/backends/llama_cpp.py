@@ -48,6 +48,9 @@ class LlamaCppBackend:
         self.model_path = Path(model_path)
         self.n_threads = n_threads or default_threads()
         self.n_batch = n_batch
+        from promptlookup.models import check_context
+
+        check_context(self.model_path, n_ctx)  # before llama.cpp allocates (and touches) the KV cache
         try:
             self._llama = llama_cpp.Llama(
                 model_path=str(self.model_path),
