@@ -421,6 +421,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
                          f"--ngram-min-match ({args.ngram_min_match})")
     if args.suffix_corpus and args.source != "suffix":
         raise UsageError("--suffix-corpus only applies to --source suffix")
+    curve = _stats_curve(args.cost_curve) if args.cost_curve else None  # bad input fails before the replay
     if args.suffix_corpus:
         from promptlookup.replay_suffix import run_stats_suffix
 
@@ -434,15 +435,21 @@ def cmd_stats(args: argparse.Namespace) -> int:
         print(st.to_json())
     else:
         print("\n".join(st.report_lines()))
-    if args.cost_curve:
-        print(_cost_simulation(args))
+    if curve is not None:
+        print(_cost_simulation(args, curve))
     return 0
 
 
-def _cost_simulation(args: argparse.Namespace) -> str:
+def _stats_curve(spec: str):  # noqa: ANN202
+    from promptlookup.costs import CostCurve
+    from promptlookup.speculate import MAX_DRAFT
+
+    return CostCurve.flat(MAX_DRAFT + 1) if spec == "flat" else CostCurve.load(spec)
+
+
+def _cost_simulation(args: argparse.Namespace, curve) -> str:  # noqa: ANN001
     """``stats --cost-curve``: the replay text under fixed lengths, auto and the oracle."""
     from promptlookup.corpus import VocabTokenizer
-    from promptlookup.costs import CostCurve
     from promptlookup.drafting.controller import AutoDrafter, auto_sources
     from promptlookup.drafting.history import History
     from promptlookup.drafting.llamacpp_file import load_dynamic, open_static_any
@@ -454,9 +461,8 @@ def _cost_simulation(args: argparse.Namespace) -> str:
     from promptlookup.simulate import report_table, simulate_text
     from promptlookup.speculate import MAX_DRAFT
 
-    curve = CostCurve.flat(MAX_DRAFT + 1) if args.cost_curve == "flat" else CostCurve.load(args.cost_curve)
     tok = VocabTokenizer(str(resolve_model(args.model)))
-    tokens = read_text_tokens(args.file, tok)
+    tokens, _ = read_text_tokens(args.file, tok)  # the replay above reported the replacements
     static = (open_static_any(args.lookup_cache_static, tok.n_vocab, tok.fingerprint)
               if args.lookup_cache_static else None)
     dynamic_path = args.lookup_cache_dynamic

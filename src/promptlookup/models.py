@@ -164,8 +164,9 @@ def check_context(path: str | os.PathLike[str], n_ctx: int) -> None:
     ctx_train, per_token = kv_cache_estimate(path)
     name = Path(path).name
     if ctx_train and n_ctx > ctx_train:
-        raise ModelError(f"-c/--ctx-size {n_ctx} is above the training context of {name} ({ctx_train} tokens)")
+        raise ModelError(f"-c/--ctx-size {n_ctx} is above the training context of {name} "
+                         f"({ctx_train} tokens)")
     avail = available_memory()
     if per_token and avail is not None and n_ctx * per_token > avail:
-        raise ModelError(f"-c/--ctx-size {n_ctx} needs about {n_ctx * per_token / 2**30:.1f} GiB of KV cache, "
-                         f"more than the {avail / 2**30:.1f} GiB of memory available")
+        raise ModelError(f"-c/--ctx-size {n_ctx} needs about {n_ctx * per_token / 2**30:.1f} GiB of KV "
+                         f"cache, more than the {avail / 2**30:.1f} GiB of memory available")

@@ -176,7 +176,7 @@ class History:
         (magic, version, depth, fp, saved_budget, n_seqs, n_tokens, ns, ne, n_pos, last, crc,
          _) = HEADER.unpack_from(data)
         if magic != MAGIC:
-            raise bad(f"bad magic {magic!r}")
+            raise bad(f"bad magic {magic!r}{_named(data)}")
         if version != VERSION:
             raise bad(f"version {version}, this build reads version {VERSION}")
         try:
@@ -226,6 +226,13 @@ class History:
             while self.seqs and self.n_tokens > budget:
                 self.n_tokens -= len(self.seqs.popleft())
             self._rebuild()
+
+
+def _named(data: bytes) -> str:
+    from promptlookup.formats import kind_of
+
+    kind = kind_of(data[:16])
+    return f" (it is {kind})" if kind else ""
 
 
 def _check_structure(lens, toks, st, ed, n_pos, last) -> str | None:
