@@ -237,6 +237,7 @@ def _load_backend(args: argparse.Namespace):
 def cmd_generate(args: argparse.Namespace) -> int:
     from promptlookup.drafting.suffix import SuffixMatchSource
     from promptlookup.speculate import generate
+    from promptlookup.textin import prompt_text
 
     if args.system is not None and not args.chat:
         raise UsageError("--system only applies with --chat")
@@ -248,9 +249,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
             f"--ngram-min-match ({args.ngram_min_match})"
         )
     text = _read_prompt(args)
+    system = prompt_text(args.system, "--system") if args.system is not None else None
     backend = _load_backend(args)
     if args.chat:
-        ids = backend.tokenize(backend.chat_prompt(text, args.system), parse_special=True)
+        from promptlookup.chat import chat_tokens
+
+        ids = chat_tokens(backend, text, system)
     else:
         ids = backend.tokenize(text)
     if len(ids) >= backend.n_ctx:
@@ -503,7 +507,9 @@ def cmd_curve(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from promptlookup import bench
+    from promptlookup.chat import chat_tokens
     from promptlookup.fileio import atomic_write_text
+    from promptlookup.textin import read_prompt_file
 
     try:
         cells = [bench.parse_cell(c) for c in args.cells.split(",") if c.strip()]
@@ -522,13 +528,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise UsageError(f"workload not found: {p}")
     if not files:
         raise UsageError("no workload prompts found (give -w FILE or a directory of *.txt)")
+    texts = {f: read_prompt_file(f, "workload") for f in files}  # every file checked before any work
     backend = _load_backend(args)
     workloads = {}
     for f in files:
         requests = []
-        for text in bench.split_requests(f.read_text(encoding="utf-8")):
-            ids = (backend.tokenize(text) if args.no_chat
-                   else backend.tokenize(backend.chat_prompt(text), parse_special=True))
+        for text in bench.split_requests(texts[f]):
+            ids = backend.tokenize(text) if args.no_chat else chat_tokens(backend, text)
             if len(ids) + args.n_predict > backend.n_ctx:
                 raise UsageError(f"workload {f.name}: {len(ids)} prompt tokens + -n {args.n_predict} "
                                  f"exceed the context ({backend.n_ctx}); raise -c")

@@ -108,6 +108,17 @@ class LlamaCppBackend:
             self.check_token(t)
         return self._llama.detokenize(list(ids)).decode("utf-8", errors="replace")
 
+    def control_texts(self) -> list[str]:
+        """Texts of the tokens only ``parse_special`` matches (control and unknown tokens; user-defined
+        ones are matched either way). promptlookup.chat finds these in template text only."""
+        if getattr(self, "_control_texts", None) is None:
+            lib, vocab = self._lib, self._vocab
+            mask = lib.LLAMA_TOKEN_ATTR_CONTROL | lib.LLAMA_TOKEN_ATTR_UNKNOWN
+            texts = {lib.llama_vocab_get_text(vocab, t) for t in range(self.n_vocab)
+                     if lib.llama_vocab_get_attr(vocab, t) & mask}
+            self._control_texts = sorted(t.decode("utf-8", "replace") for t in texts if t)
+        return self._control_texts
+
     def fingerprint(self) -> str:
         """A tokenizer fingerprint for files built with this vocabulary (see drafting caches)."""
         from promptlookup.fingerprint import fingerprint_pieces
