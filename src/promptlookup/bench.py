@@ -67,6 +67,10 @@ class Cell:
             raise CellError(f"cell {self.label}: {key} must be an integer, got {v!r}") from None
 
 
+# integer settings and their bounds, checked when a cell is parsed (before any cell runs)
+INT_RANGES = {"draft": (1, 8), "min": (1, 1024), "max": (1, 1024), "pred": (0, 64), "pld": (0, 64)}
+
+
 def parse_cell(spec: str) -> Cell:
     parts = [p for p in spec.strip().split(":") if p]
     if not parts:
@@ -81,7 +85,35 @@ def parse_cell(spec: str) -> Cell:
             allowed = ", ".join(sorted(CELL_KEYS[name])) or "none"
             raise CellError(f"cell {spec!r}: unknown setting {p!r} (allowed for {name}: {allowed})")
         opts.append((key, value))
-    return Cell(name, tuple(opts))
+    cell = Cell(name, tuple(opts))
+    for key, (lo, hi) in INT_RANGES.items():
+        if key in CELL_KEYS[name]:
+            v = cell.int_option(key, lo)
+            if not lo <= v <= hi:
+                raise CellError(f"cell {cell.label}: {key} must be {lo}..{hi}, got {v}")
+    if name == "ngram" and cell.int_option("max", 16) < cell.int_option("min", 3):
+        raise CellError(f"cell {cell.label}: max must be at least min")
+    if cell.get("margin") is not None:
+        try:
+            margin = float(cell.get("margin"))
+        except ValueError:
+            margin = float("nan")
+        if not -1.0 < margin <= 10.0:  # also refuses nan
+            raise CellError(f"cell {cell.label}: margin must be a number above -1 and at most 10, "
+                            f"got {cell.get('margin')!r}")
+    unknown = set(cell.get("sources", "").split("+")) - {"", "ngram", "lookup", "suffix"}
+    if unknown:
+        raise CellError(f"cell {cell.label}: unknown sources {', '.join(sorted(unknown))} "
+                        "(ngram, lookup, suffix)")
+    return cell
+
+
+def check_cells(cells: Sequence[Cell], backend) -> None:
+    """Build every cell's source once before any cell runs, so a bad file in the last cell fails
+    at once (a peer's settings are checked by :func:`parse_cell`; its engine loads when it runs)."""
+    for cell in cells:
+        if cell.name not in PEERS:
+            make_source(cell, backend)
 
 
 @dataclass

@@ -396,11 +396,19 @@ def cmd_merge(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     from promptlookup.drafting.static_cache import verify_static
 
-    for path in args.caches:
-        c = verify_static(path)
+    bad = 0
+    for path in args.caches:  # every file is checked and reported, the bad ones on stderr
+        try:
+            c = verify_static(path)
+        except (ValueError, OSError) as exc:
+            print(f"promptlookup: error: {exc}", file=sys.stderr)
+            bad += 1
+            continue
         print(f"{path}: ok ({c.n_keys} 2-grams, {c.n_followers} followers, tokenizer {c.fingerprint})")
         c.close()
-    return 0
+    if bad and len(args.caches) > 1:
+        print(f"promptlookup: {bad} of {len(args.caches)} caches failed verification", file=sys.stderr)
+    return 2 if bad else 0
 
 
 def cmd_index(args: argparse.Namespace) -> int:
@@ -515,6 +523,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         cells = [bench.parse_cell(c) for c in args.cells.split(",") if c.strip()]
     except bench.CellError as exc:
         raise UsageError(str(exc)) from None
+    if not cells:
+        raise UsageError("--cells names no cell (e.g. --cells off,ngram,auto)")
     if not any(c.name == "off" for c in cells):
         cells.insert(0, bench.parse_cell("off"))
     files: list[Path] = []
@@ -542,6 +552,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if not requests:
             raise UsageError(f"workload {f.name} is empty")
         workloads[f.stem] = requests
+    bench.check_cells(cells, backend)
     runs, oracles = bench.run_bench(backend, workloads, cells, args.repeat, args.n_predict,
                                     progress=bench.stderr_progress)
     md = bench.table(runs) + "\n\n" + bench.summary(runs, oracles) + "\n"
