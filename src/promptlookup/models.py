@@ -7,6 +7,7 @@ plugin machinery) and never downloaded.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import os
 from pathlib import Path
@@ -78,7 +79,14 @@ def gguf_numbers(path: str | os.PathLike[str], suffixes: tuple[str, ...]) -> dic
     import struct
 
     out: dict[str, float] = {}
-    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 (closed by the with below)
+        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):  # unreadable, or empty (mmap refuses 0 bytes)
+        with contextlib.suppress(NameError):
+            fh.close()
+        return out
+    with fh, mm:
         size = len(mm)
 
         def skip_string(pos: int) -> int:
@@ -144,7 +152,8 @@ def kv_cache_estimate(path: str | os.PathLike[str]) -> tuple[int | None, int | N
         return ctx_train, None
     k_len = get(".attention.key_length") or embd // heads
     v_len = get(".attention.value_length") or embd // heads
-    return ctx_train, 2 * layers * heads_kv * (k_len + v_len)
+    per_token = 2 * layers * heads_kv * (k_len + v_len)
+    return ctx_train, per_token if per_token > 0 else None
 
 
 def available_memory() -> int | None:
