@@ -40,6 +40,7 @@ def _markers(n: int, avoid: str) -> list[str]:
 
 def template_segments(backend: Any, user: str, system: str | None = None) -> list[Segment]:
     """The rendered chat prompt as (text, from the template) segments; see the module doc, step 1."""
+    system = system or None  # the backends render an empty system message as none
     contents = [c for c in (system, user) if c is not None]
     rendered = backend.chat_prompt(user, system)
     marks = _markers(len(contents), rendered + "".join(contents))

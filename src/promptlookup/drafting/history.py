@@ -267,4 +267,6 @@ def _check_structure(lens, toks, st, ed, n_pos, last) -> str | None:
             return "a transition target out of range"
         if ((ed[:, E_TOK] < 0) & (ed[:, E_TOK] != SEP)).any():
             return "a negative transition token"
+        if len(toks) and int(ed[:, E_TOK].max()) > int(toks.max()):  # it would be drafted, unchecked
+            return "a transition on a token above every token of the text"
     return None
