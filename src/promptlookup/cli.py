@@ -12,6 +12,21 @@ from typing import NoReturn
 from promptlookup.errors import UsageError, UserError
 from promptlookup.speculate import MAX_DRAFT
 
+# Upper bounds of the numeric flags, checked at parse time so that no value reaches code that cannot
+# honour it (llama.cpp segfaults at -t 65536 and aborts with std::bad_alloc on a 31-digit one).
+MAX_THREADS = 512  # llama.cpp's GGML_MAX_N_THREADS; past the cores more threads only slow it down
+MAX_CTX = 1 << 20  # tokens; a model's own limit (training context, memory) is checked when it loads
+MAX_PREDICT = MAX_CTX
+MAX_REPEAT = 1000
+MAX_HISTORY_BUDGET = 1 << 32  # tokens; the history file stores sizes as u64 but 4 bytes per token
+
+
+def max_workers() -> int:
+    """Tokenizer processes of create/index: at most the cores (each holds a vocabulary, ~200 MB)."""
+    from promptlookup.backends.llama_cpp import default_threads
+
+    return max(2, default_threads())
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line, never a usage dump or a traceback
@@ -39,23 +54,24 @@ def _add_model_args(p: argparse.ArgumentParser, backend: bool = False) -> None:
         p.add_argument("--backend", choices=("llama.cpp", "transformers"), default="llama.cpp",
                        help="engine (default llama.cpp); transformers needs the [transformers] extra "
                             "and loads a GGUF dequantized to fp32")
-    p.add_argument("-t", "--threads", type=_int_in(1, None, "--threads"),
-                   help="CPU threads (default: the cores available)")
-    p.add_argument("-c", "--ctx-size", type=_int_in(16, None, "--ctx-size"), default=4096,
-                   help="context size in tokens (default 4096)")
+    p.add_argument("-t", "--threads", type=_int_in(1, MAX_THREADS, "--threads"),
+                   help=f"CPU threads, 1..{MAX_THREADS} (default: the cores available)")
+    p.add_argument("-c", "--ctx-size", type=_int_in(16, MAX_CTX, "--ctx-size"), default=4096,
+                   help="context size in tokens (default 4096; at most the model's training context)")
 
 
 def _add_draft_args(p: argparse.ArgumentParser) -> None:
-    from promptlookup.drafting.ngram.source import DEFAULT_MAX_MATCH, DEFAULT_MIN_MATCH
+    from promptlookup.drafting.ngram.source import DEFAULT_MAX_MATCH, DEFAULT_MIN_MATCH, MAX_MATCH_LIMIT
 
     p.add_argument("--draft", type=_int_in(1, MAX_DRAFT, "--draft"), default=3,
                    help=f"tokens drafted per verify batch, 1..{MAX_DRAFT} (default 3)")
-    p.add_argument("--ngram-min-match", type=_int_in(1, None, "--ngram-min-match"),
+    p.add_argument("--ngram-min-match", type=_int_in(1, MAX_MATCH_LIMIT, "--ngram-min-match"),
                    default=DEFAULT_MIN_MATCH,
                    help=f"shortest matching run allowed to draft (default {DEFAULT_MIN_MATCH})")
-    p.add_argument("--ngram-max-match", type=_int_in(1, None, "--ngram-max-match"),
+    p.add_argument("--ngram-max-match", type=_int_in(1, MAX_MATCH_LIMIT, "--ngram-max-match"),
                    default=DEFAULT_MAX_MATCH,
-                   help=f"longest suffix compared when matching (default {DEFAULT_MAX_MATCH})")
+                   help=f"longest suffix compared when matching, 1..{MAX_MATCH_LIMIT} "
+                        f"(default {DEFAULT_MAX_MATCH})")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("-f", "--file", help="read the prompt from this file ('-' for stdin)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--system", help="system message for --chat")
-    g.add_argument("-n", "--n-predict", type=_int_in(1, None, "--n-predict"), default=256,
+    g.add_argument("-n", "--n-predict", type=_int_in(1, MAX_PREDICT, "--n-predict"), default=256,
                    help="maximum tokens to generate (default 256)")
     how = g.add_mutually_exclusive_group()
     how.add_argument("--ngram", action="store_true",
@@ -86,7 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_lookup_cache_args(g)
     g.add_argument("--suffix-history", metavar="FILE",
                    help="earlier requests for --suffix / auto: loaded at start, this run added and saved")
-    g.add_argument("--suffix-history-budget", type=_int_in(1, None, "--suffix-history-budget"),
+    g.add_argument("--suffix-history-budget",
+                   type=_int_in(1, MAX_HISTORY_BUDGET, "--suffix-history-budget"),
                    metavar="TOKENS", help="history memory budget in tokens; the oldest requests go first")
     g.add_argument("--suffix-corpus", metavar="FILE",
                    help="corpus suffix-array index (promptlookup index) for --suffix / auto: long matches "
@@ -126,9 +143,9 @@ def _add_bench_command(sub) -> None:
                    help="prompt files, or directories of *.txt prompts (default benchmarks/workloads)")
     b.add_argument("--cells", default="off,ngram,auto",
                    help="comma-separated cells, e.g. off,ngram,ngram:draft=1:min=5,lookup,auto")
-    b.add_argument("--repeat", type=_int_in(1, None, "--repeat"), default=2,
+    b.add_argument("--repeat", type=_int_in(1, MAX_REPEAT, "--repeat"), default=2,
                    help="rounds; off runs once per round, so at least 2 gives a noise band (default 2)")
-    b.add_argument("-n", "--n-predict", type=_int_in(1, None, "--n-predict"), default=256)
+    b.add_argument("-n", "--n-predict", type=_int_in(1, MAX_PREDICT, "--n-predict"), default=256)
     b.add_argument("--no-chat", action="store_true", help="feed the prompts raw, without the chat template")
     b.add_argument("--csv", metavar="FILE", help="write every run's counters as CSV")
     b.add_argument("--md", metavar="FILE", help="write the markdown tables")
@@ -147,7 +164,8 @@ def _add_corpus_args(p, output_metavar: str, output_help: str) -> None:
     p.add_argument("-m", "--model", help="GGUF whose tokenizer to use (default: bundled SmolLM2)")
     p.add_argument("-f", "--file", nargs="+", required=True, metavar="CORPUS", help="corpus text file(s)")
     p.add_argument("-o", "--output", required=True, metavar=output_metavar, help=output_help)
-    p.add_argument("-t", "--threads", type=_int_in(1, None, "--threads"), help="tokenizer processes")
+    p.add_argument("-t", "--threads", type=_int_in(1, max_workers(), "--threads"),
+                   help=f"tokenizer processes, 1..{max_workers()} (the cores; default all)")
     p.add_argument("--tokenizer", choices=("memo", "llama"), default="memo",
                    help="memo (default): llama.cpp's tokens, each distinct piece tokenized once; "
                         "llama: llama.cpp's tokenizer on every byte (the reference, slower)")
@@ -198,19 +216,12 @@ def _add_lookup_commands(sub) -> None:
 
 
 def _read_prompt(args: argparse.Namespace) -> str:
+    from promptlookup.textin import prompt_text, read_prompt_file
+
     if args.prompt is not None:
-        text = args.prompt
+        text = prompt_text(args.prompt, "-p/--prompt")
     elif args.file is not None:
-        if args.file == "-":
-            text = sys.stdin.read()
-        else:
-            path = Path(args.file)
-            if not path.is_file():
-                raise UsageError(f"prompt file not found: {path}")
-            try:
-                text = path.read_text(encoding="utf-8")
-            except UnicodeDecodeError as exc:
-                raise UsageError(f"prompt file is not UTF-8 text: {path} ({exc.reason})") from None
+        text = read_prompt_file(args.file)
     else:
         raise UsageError("no prompt: give -p TEXT or -f FILE")
     if not text.strip():
@@ -251,14 +262,18 @@ def _generate_spec(args: argparse.Namespace):
 def cmd_generate(args: argparse.Namespace) -> int:
     from promptlookup.drafting.spec import Run, build_source, finish
     from promptlookup.speculate import generate
+    from promptlookup.textin import prompt_text
 
     if args.system is not None and not args.chat:
         raise UsageError("--system only applies with --chat")
     spec = _generate_spec(args)  # every flag checked before the model loads
     text = _read_prompt(args)
+    system = prompt_text(args.system, "--system") if args.system is not None else None
     backend = _load_backend(args)
     if args.chat:
-        ids = backend.tokenize(backend.chat_prompt(text, args.system), parse_special=True)
+        from promptlookup.chat import chat_tokens
+
+        ids = chat_tokens(backend, text, system)
     else:
         ids = backend.tokenize(text)
     if len(ids) >= backend.n_ctx:
@@ -362,11 +377,19 @@ def cmd_merge(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     from promptlookup.drafting.lookup.static_cache import verify_static
 
-    for path in args.caches:
-        c = verify_static(path)
+    bad = 0
+    for path in args.caches:  # every file is checked and reported, the bad ones on stderr
+        try:
+            c = verify_static(path)
+        except (ValueError, OSError) as exc:
+            print(f"promptlookup: error: {exc}", file=sys.stderr)
+            bad += 1
+            continue
         print(f"{path}: ok ({c.n_keys} 2-grams, {c.n_followers} followers, tokenizer {c.fingerprint})")
         c.close()
-    return 0
+    if bad and len(args.caches) > 1:
+        print(f"promptlookup: {bad} of {len(args.caches)} caches failed verification", file=sys.stderr)
+    return 2 if bad else 0
 
 
 def cmd_index(args: argparse.Namespace) -> int:
@@ -385,17 +408,18 @@ def cmd_index(args: argparse.Namespace) -> int:
 def cmd_stats(args: argparse.Namespace) -> int:
     from promptlookup.backends.models import resolve_model
     from promptlookup.drafting.spec import SourceSpec
-    from promptlookup.measure.stats import cost_simulation, run_stats
+    from promptlookup.measure.stats import cost_simulation, curve_from_arg, run_stats
 
     spec = SourceSpec.from_args(args, args.source, STATS_SOURCES)
     model = str(resolve_model(args.model))
+    curve = curve_from_arg(args.cost_curve) if args.cost_curve else None  # bad input fails before the replay
     st = run_stats(args.file, model, args.ctx_size, spec, verify=args.verify, reference=args.reference)
     if args.json:
         print(st.to_json())
     else:
         print("\n".join(st.report_lines()))
-    if args.cost_curve:
-        print(cost_simulation(args.file, model, args.ctx_size, spec, args.cost_curve))
+    if curve is not None:
+        print(cost_simulation(args.file, model, args.ctx_size, spec, curve))
     return 0
 
 
@@ -420,10 +444,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from promptlookup.chat import chat_tokens
     from promptlookup.fileio import atomic_write_text
     from promptlookup.measure import bench
+    from promptlookup.textin import read_prompt_file
 
     cells = [bench.parse_cell(c) for c in args.cells.split(",") if c.strip()]  # a CellError is a UsageError
+    if not cells:
+        raise UsageError("--cells names no cell (e.g. --cells off,ngram,auto)")
     if not any(c.name == "off" for c in cells):
         cells.insert(0, bench.parse_cell("off"))
     files: list[Path] = []
@@ -437,13 +465,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise UsageError(f"workload not found: {p}")
     if not files:
         raise UsageError("no workload prompts found (give -w FILE or a directory of *.txt)")
+    texts = {f: read_prompt_file(f, "workload") for f in files}  # every file checked before any work
     backend = _load_backend(args)
     workloads = {}
     for f in files:
         requests = []
-        for text in bench.split_requests(f.read_text(encoding="utf-8")):
-            ids = (backend.tokenize(text) if args.no_chat
-                   else backend.tokenize(backend.chat_prompt(text), parse_special=True))
+        for text in bench.split_requests(texts[f]):
+            ids = backend.tokenize(text) if args.no_chat else chat_tokens(backend, text)
             if len(ids) + args.n_predict > backend.n_ctx:
                 raise UsageError(f"workload {f.name}: {len(ids)} prompt tokens + -n {args.n_predict} "
                                  f"exceed the context ({backend.n_ctx}); raise -c")
@@ -451,6 +479,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if not requests:
             raise UsageError(f"workload {f.name} is empty")
         workloads[f.stem] = requests
+    bench.check_cells(cells, backend)
     runs, oracles = bench.run_bench(backend, workloads, cells, args.repeat, args.n_predict,
                                     progress=bench.stderr_progress)
     md = bench.table(runs) + "\n\n" + bench.summary(runs, oracles) + "\n"

@@ -52,6 +52,9 @@ class LlamaCppBackend:
         self.model_path = Path(model_path)
         self.n_threads = n_threads or default_threads()
         self.n_batch = n_batch
+        from promptlookup.backends.models import check_context
+
+        check_context(self.model_path, n_ctx)  # before llama.cpp allocates (and touches) the KV cache
         try:
             self._llama = llama_cpp.Llama(
                 model_path=str(self.model_path),
@@ -108,6 +111,17 @@ class LlamaCppBackend:
         for t in ids:
             self.check_token(t)
         return self._llama.detokenize(list(ids)).decode("utf-8", errors="replace")
+
+    def control_texts(self) -> list[str]:
+        """Texts of the tokens only ``parse_special`` matches (control and unknown tokens; user-defined
+        ones are matched either way). promptlookup.chat finds these in template text only."""
+        if getattr(self, "_control_texts", None) is None:
+            lib, vocab = self._lib, self._vocab
+            mask = lib.LLAMA_TOKEN_ATTR_CONTROL | lib.LLAMA_TOKEN_ATTR_UNKNOWN
+            texts = {lib.llama_vocab_get_text(vocab, t) for t in range(self.n_vocab)
+                     if lib.llama_vocab_get_attr(vocab, t) & mask}
+            self._control_texts = sorted(t.decode("utf-8", "replace") for t in texts if t)
+        return self._control_texts
 
     def fingerprint(self) -> str:
         """A tokenizer fingerprint for files built with this vocabulary (see drafting caches)."""

@@ -165,6 +165,13 @@ class TransformersBackend:
         enc = self.tokenizer(text, add_special_tokens=add_special, split_special_tokens=not parse_special)
         return list(enc["input_ids"])
 
+    def control_texts(self) -> list[str]:
+        """Texts of the special tokens that only ``parse_special`` matches (``split_special_tokens``
+        turns exactly these off); promptlookup.chat finds them in template text only."""
+        texts = set(self.tokenizer.all_special_tokens)
+        texts.update(t.content for t in self.tokenizer.added_tokens_decoder.values() if t.special)
+        return sorted(t for t in texts if t)
+
     def detokenize(self, ids: Sequence[int]) -> str:
         for t in ids:
             self.check_token(t)

@@ -24,11 +24,14 @@ import contextlib
 import ctypes
 import os
 import resource
+import signal
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -37,7 +40,8 @@ import numpy as np
 from numba import njit
 
 from promptlookup.drafting.lookup.static_cache import StaticCache, from_sorted_triples
-from promptlookup.errors import InputError
+from promptlookup.errors import InputError, UserError
+from promptlookup.textin import TextInputError, check_input_files, repair_utf8, replaced_note, utf8_error
 
 BLOCK = 4 << 20  # bytes per tokenization block
 MAX_BLOCK = 64 << 20  # a block with no safe cut by then is cut hard
@@ -111,6 +115,10 @@ class VocabTokenizer:
         return out
 
     def tokenize(self, data: bytes, add_special: bool = True, parse_special: bool = True) -> np.ndarray:
+        bad = utf8_error(data)
+        if bad is not None:  # llama.cpp would abort the process on some of these (see textin.py)
+            raise TextInputError(f"text to tokenize is not valid UTF-8 at byte {bad.start} ({bad.reason}); "
+                                 "read it through promptlookup.textin")
         buf = np.empty(len(data) + 8, dtype=np.int32)
         ptr = buf.ctypes.data_as(ctypes.POINTER(self._lib.llama_token))
         n = self._lib.llama_tokenize(self._live_vocab(), data, len(data), ptr, len(buf), add_special,
@@ -279,23 +287,66 @@ def describe_tokenizer(tok) -> str:  # noqa: ANN001
 
 
 _WORKER = None  # the worker process's tokenizer
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def worker_init(model_path: str, kind: str = "memo") -> None:
+def _die_with_parent(parent_pid: int) -> None:
+    """Make this worker process end when the process that started it does, however that ends.
+
+    Why: a pool's workers otherwise outlive a parent killed with SIGKILL (nothing runs in the
+    parent to stop them): each holds a vocabulary and hundreds of MB, and keeps the resource
+    tracker alive through the pipe it inherited. On Linux the kernel sends SIGKILL when the
+    parent dies (``prctl(PR_SET_PDEATHSIG)``); a parent that died before that call, or another
+    system, is caught by a daemon thread that polls the parent pid.
+    """
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+def worker_init(model_path: str, kind: str = "memo", parent_pid: int | None = None) -> None:
     global _WORKER
+    if parent_pid is not None:
+        _die_with_parent(parent_pid)
     _WORKER = open_tokenizer(model_path, kind)
 
 
-def worker_tokens(data: bytes, add_special: bool) -> np.ndarray:
-    """A block's tokens in a worker process (``add_special`` for the stream's first block)."""
+@contextlib.contextmanager
+def pool_errors() -> Iterator[None]:
+    """A tokenizer pool whose worker died is one clear error, not a BrokenProcessPool traceback."""
+    try:
+        yield
+    except BrokenProcessPool:
+        raise UserError("a tokenizer worker process died (killed, or out of memory); nothing was written") \
+            from None
+
+
+def worker_initargs(model_path: str | os.PathLike[str], kind: str) -> tuple:
+    """``initargs`` of a tokenizer pool: the model, the tokenizer kind, and this (parent) pid."""
+    return (str(model_path), kind, os.getpid())
+
+
+def worker_tokens(data: bytes, add_special: bool) -> tuple[np.ndarray, int]:
+    """A block's tokens in a worker process (``add_special`` for the stream's first block), and the
+    invalid UTF-8 sequences replaced in it first (:mod:`promptlookup.textin`)."""
     assert _WORKER is not None
-    return _WORKER.tokenize(data, add_special=add_special, parse_special=True)
+    data, n_bad = repair_utf8(data)
+    return _WORKER.tokenize(data, add_special=add_special, parse_special=True), n_bad
 
 
 def _worker_count(data: bytes, add_special: bool, bits: int) -> tuple:
-    tokens = worker_tokens(data, add_special)
+    tokens, n_bad = worker_tokens(data, add_special)
     keys, counts = count_triples(tokens, bits)
-    return keys, counts, tokens[:2].copy(), tokens[-2:].copy(), len(tokens)
+    return keys, counts, tokens[:2].copy(), tokens[-2:].copy(), len(tokens), n_bad
 
 
 @dataclass
@@ -308,6 +359,7 @@ class CreateStats:
     peak_rss_bytes: int = 0  # the parent
     peak_rss_children_bytes: int = 0  # the largest worker
     tokenizer: str = ""
+    n_invalid_utf8: int = 0  # invalid UTF-8 sequences replaced by U+FFFD before tokenizing
 
     def report_lines(self) -> list[str]:
         return [
@@ -316,6 +368,7 @@ class CreateStats:
             f"{self.n_followers} followers in {self.seconds:.1f} s",
             f"create: peak RSS {self.peak_rss_bytes / 2**20:.0f} MiB (parent), "
             f"{self.peak_rss_children_bytes / 2**20:.0f} MiB (largest worker)",
+            *replaced_note(self.n_invalid_utf8, "create"),
         ]
 
 
@@ -325,11 +378,11 @@ def build_from_corpus(paths: Sequence[str | os.PathLike[str]], model_path: str |
     """Tokenize ``paths`` (joined) in ``workers`` processes and build the static cache in memory."""
     from tqdm import tqdm
 
-    for p in paths:
-        if not Path(p).is_file():
-            raise InputError(f"corpus file not found: {p}")
+    check_input_files(paths, "corpus file")
     bits = triple_bits(n_vocab)
     total = sum(Path(p).stat().st_size for p in paths)
+    if not total:
+        raise InputError("the corpus is empty (0 bytes): nothing to count")
     st = CreateStats(n_bytes=total)
     t_start = time.perf_counter()
     stack = RunStack()
@@ -339,7 +392,8 @@ def build_from_corpus(paths: Sequence[str | os.PathLike[str]], model_path: str |
 
     def absorb(result: tuple, nbytes: int) -> None:
         nonlocal tail
-        keys, counts, head, last, n_tok = result
+        keys, counts, head, last, n_tok, n_bad = result
+        st.n_invalid_utf8 += n_bad
         if n_tok:
             joint = np.concatenate((tail, head))
             for i in range(len(joint) - 2):
@@ -352,8 +406,9 @@ def build_from_corpus(paths: Sequence[str | os.PathLike[str]], model_path: str |
         bar.update(nbytes)
 
     ctx = get_context("spawn")
-    with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=ctx, initializer=worker_init,
-                             initargs=(str(model_path), tokenizer)) as pool:
+    with pool_errors(), ProcessPoolExecutor(max_workers=max(1, workers), mp_context=ctx,
+                                            initializer=worker_init,
+                                            initargs=worker_initargs(model_path, tokenizer)) as pool:
         inflight: deque[tuple[Future, int]] = deque()
         first = True
         for data in iter_blocks(paths, block):
@@ -374,6 +429,9 @@ def build_from_corpus(paths: Sequence[str | os.PathLike[str]], model_path: str |
         k, c = np.unique(ek, return_counts=True)
         stack.push(k, c.astype(np.uint32))
     keys, counts = stack.result()
+    if not len(keys):
+        raise InputError(f"the corpus has {st.n_tokens} tokens and so no 2-gram with a follower: "
+                         "nothing to write")
     b = np.uint64(bits)
     mask = np.uint64((1 << bits) - 1)
     t0 = (keys >> (b + b)).astype(np.int32)
@@ -388,6 +446,15 @@ def build_from_corpus(paths: Sequence[str | os.PathLike[str]], model_path: str |
     return cache, st
 
 
+def check_output_path(output: str | os.PathLike[str]) -> None:
+    """Refuse an output path that cannot be written before any work is done."""
+    p = Path(output)
+    if p.is_dir():
+        raise InputError(f"output is a directory, not a file: {p}")
+    if not p.resolve().parent.is_dir():
+        raise InputError(f"output directory does not exist: {p.parent}")
+
+
 def run_create(paths: Sequence[str], model_path: str | os.PathLike[str], output: str, fmt: str = "static",
                workers: int = 2, progress: bool = True, tokenizer: str = "memo") -> CreateStats:
     """``promptlookup create``: build the static cache of ``paths`` and write it atomically to ``output``."""
@@ -396,8 +463,8 @@ def run_create(paths: Sequence[str], model_path: str | os.PathLike[str], output:
 
     if fmt not in ("static", "llamacpp"):
         raise InputError(f"unknown cache format {fmt!r} (static or llamacpp)")
-    if not Path(output).resolve().parent.is_dir():
-        raise InputError(f"output directory does not exist: {Path(output).parent}")
+    check_output_path(output)
+    check_input_files(paths, "corpus file")
     tok = open_tokenizer(model_path, tokenizer)
     fp = getattr(tok, "base", tok).fingerprint()
     cache, st = build_from_corpus(paths, model_path, tok.n_vocab, fp, workers=workers, progress=progress,

@@ -25,6 +25,7 @@ from promptlookup.build import create as corpus
 from promptlookup.build.create import BLOCK, iter_blocks
 from promptlookup.drafting.suffix.corpus_index import build_suffix_array, write_index
 from promptlookup.errors import InputError
+from promptlookup.textin import check_input_files, replaced_note
 
 
 @dataclass
@@ -37,6 +38,7 @@ class IndexStats:
     t_write_s: float = 0.0
     peak_rss_bytes: int = 0
     tokenizer: str = ""
+    n_invalid_utf8: int = 0  # invalid UTF-8 sequences replaced by U+FFFD before tokenizing
 
     def report_lines(self) -> list[str]:
         return [
@@ -45,24 +47,37 @@ class IndexStats:
             f"file; tokenize {self.t_tokenize_s:.1f} s, suffix array {self.t_sort_s:.1f} s, "
             f"write {self.t_write_s:.1f} s",
             f"index: peak RSS {self.peak_rss_bytes / 2**20:.0f} MiB",
+            *replaced_note(self.n_invalid_utf8, "index"),
         ]
 
 
 def tokenize_corpus(paths: Sequence[str | os.PathLike[str]], model_path: str | os.PathLike[str],
                     workers: int = 2, progress: bool = True, block: int = BLOCK,
-                    tokenizer: str = "memo") -> np.ndarray:
-    """The corpus's tokens, as ``create`` tokenizes it (blocks in ``workers`` processes)."""
+                    tokenizer: str = "memo", counts: dict[str, int] | None = None) -> np.ndarray:
+    """The corpus's tokens, as ``create`` tokenizes it (blocks in ``workers`` processes); ``counts``
+    (when given) gets ``invalid_utf8``, the invalid UTF-8 sequences replaced (:mod:`promptlookup.textin`)."""
     from tqdm import tqdm
 
-    for p in paths:
-        if not Path(p).is_file():
-            raise InputError(f"corpus file not found: {p}")
+    check_input_files(paths, "corpus file")
     total = sum(Path(p).stat().st_size for p in paths)
+    if not total:
+        raise InputError("the corpus is empty (0 bytes): nothing to index")
     bar = tqdm(total=total, unit="B", unit_scale=True, desc="tokenize", disable=not progress,
                file=sys.stderr)
     parts: list[np.ndarray] = []
-    with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=get_context("spawn"),
-                             initializer=corpus.worker_init, initargs=(str(model_path), tokenizer)) as pool:
+    n_bad = 0
+
+    def absorb(result: tuple[np.ndarray, int], nbytes: int) -> None:
+        nonlocal n_bad
+        parts.append(result[0])
+        n_bad += result[1]
+        bar.update(nbytes)
+
+    ctx = get_context("spawn")
+    with corpus.pool_errors(), ProcessPoolExecutor(max_workers=max(1, workers), mp_context=ctx,
+                                                   initializer=corpus.worker_init,
+                                                   initargs=corpus.worker_initargs(model_path, tokenizer)
+                                                   ) as pool:
         inflight: deque[tuple[Future, int]] = deque()
         first = True
         for data in iter_blocks(paths, block):
@@ -70,27 +85,32 @@ def tokenize_corpus(paths: Sequence[str | os.PathLike[str]], model_path: str | o
             first = False
             while len(inflight) >= 2 * max(1, workers):
                 fut, nbytes = inflight.popleft()
-                parts.append(fut.result())
-                bar.update(nbytes)
+                absorb(fut.result(), nbytes)
         while inflight:
             fut, nbytes = inflight.popleft()
-            parts.append(fut.result())
-            bar.update(nbytes)
+            absorb(fut.result(), nbytes)
     bar.close()
+    if counts is not None:
+        counts["invalid_utf8"] = n_bad
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
 
 
 def run_index(paths: Sequence[str], model_path: str | os.PathLike[str], output: str, workers: int = 2,
               progress: bool = True, tokenizer: str = "memo") -> IndexStats:
     """Tokenize ``paths`` (joined), build the suffix array, write it atomically to ``output``."""
-    if not Path(output).resolve().parent.is_dir():
-        raise InputError(f"output directory does not exist: {Path(output).parent}")
+    corpus.check_output_path(output)
+    check_input_files(paths, "corpus file")
     tok = corpus.open_tokenizer(model_path, tokenizer)
     fp = getattr(tok, "base", tok).fingerprint()
     st = IndexStats(n_bytes=sum(Path(p).stat().st_size for p in paths if Path(p).is_file()),
                     tokenizer=corpus.describe_tokenizer(tok))
     t0 = time.perf_counter()
-    tokens = tokenize_corpus(paths, model_path, workers=workers, progress=progress, tokenizer=tokenizer)
+    counts: dict[str, int] = {}
+    tokens = tokenize_corpus(paths, model_path, workers=workers, progress=progress, tokenizer=tokenizer,
+                             counts=counts)
+    st.n_invalid_utf8 = counts["invalid_utf8"]
+    if not len(tokens):
+        raise InputError("the corpus gives no tokens: nothing to index")
     t1 = time.perf_counter()
     sa = build_suffix_array(tokens, tok.n_vocab)
     t2 = time.perf_counter()

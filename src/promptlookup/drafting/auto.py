@@ -248,6 +248,9 @@ OPTIONS = {
 def check(spec: SourceSpec) -> None:
     from promptlookup.drafting.spec import SpecError
 
+    margin = spec.value("margin")
+    if not -1.0 < margin <= 10.0:  # also refuses nan
+        raise SpecError(f"margin must be a number above -1 and at most 10, got {spec.get('margin')!r}")
     unknown = [n for n in spec.value("sources").split("+") if n not in ("ngram", *WEIGHED)]
     if unknown:
         raise SpecError(f"{spec.label}: auto weighs ngram, {', '.join(WEIGHED)}; not {', '.join(unknown)}")

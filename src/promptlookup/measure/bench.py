@@ -44,6 +44,10 @@ class Cell(SourceSpec):
     """A bench cell: a draft source spec (``ngram:draft=1:min=5``), or a peer engine's own lookup."""
 
 
+# peer settings and their bounds, checked when a cell is parsed (a source's are declared by the source)
+PEER_RANGES = {"pred": (0, 64), "pld": (0, 64)}
+
+
 def parse_cell(spec: str) -> Cell:
     parts = [p for p in spec.strip().split(":") if p]
     if not parts:
@@ -56,7 +60,7 @@ def parse_cell(spec: str) -> Cell:
         try:
             src = SourceSpec.parse(spec)
         except SpecError as exc:
-            raise CellError(str(exc)) from None
+            raise CellError(f"cell {exc}") from None
         return Cell(src.name, src.options)
     opts = []
     for p in parts[1:]:
@@ -65,7 +69,21 @@ def parse_cell(spec: str) -> Cell:
             allowed = ", ".join(sorted(PEER_KEYS[name]))
             raise CellError(f"cell {spec!r}: unknown setting {p!r} (allowed for {name}: {allowed})")
         opts.append((key, value))
-    return Cell(name, tuple(opts))
+    cell = Cell(name, tuple(opts))
+    for key in PEER_KEYS[name]:
+        lo, hi = PEER_RANGES[key]
+        v = cell.int_option(key, lo)
+        if not lo <= v <= hi:
+            raise CellError(f"cell {cell.label}: {key} must be {lo}..{hi}, got {v}")
+    return cell
+
+
+def check_cells(cells: Sequence[Cell], backend) -> None:
+    """Build every cell's source once before any cell runs, so a bad file in the last cell fails
+    at once (a peer's settings are checked by :func:`parse_cell`; its engine loads when it runs)."""
+    for cell in cells:
+        if cell.name not in PEERS:
+            make_source(cell, backend)
 
 
 @dataclass

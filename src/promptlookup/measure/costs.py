@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +25,10 @@ from promptlookup.errors import UserError
 from promptlookup.fileio import atomic_write_text
 
 MAX_CURVE_TOKENS = 16
+MAX_CURVE_LEN = 64  # widths a curve may describe (a verify feeds at most 1 + MAX_DRAFT tokens)
+# Physical range of one verify step, in seconds (or in decodes, for a relative curve), and of the
+# ratio of any two: [5e-324, 1e308, 1e308] gave infinite relative costs and a 0.00x "speedup".
+MIN_SECONDS, MAX_SECONDS, MAX_RATIO = 1e-9, 3600.0, 1e4
 CACHE_DIR = Path(os.environ.get("PROMPTLOOKUP_CACHE", Path.home() / ".cache" / "promptlookup"))
 
 
@@ -41,9 +46,18 @@ class CostCurve:
     def __post_init__(self) -> None:
         if not self.seconds:
             raise CostCurveError("a cost curve needs at least the cost of a 1-token decode")
+        if len(self.seconds) > MAX_CURVE_LEN:
+            raise CostCurveError(f"a cost curve describes at most {MAX_CURVE_LEN} widths, "
+                                 f"got {len(self.seconds)}")
         for i, s in enumerate(self.seconds):
             if not (isinstance(s, int | float) and s > 0 and s == s and s != float("inf")):
                 raise CostCurveError(f"cost of a {i + 1}-token verify must be a positive number, got {s!r}")
+            if not MIN_SECONDS <= s <= MAX_SECONDS:
+                raise CostCurveError(f"cost of a {i + 1}-token verify is out of range ({s!r}; a verify step "
+                                     f"takes {MIN_SECONDS:g} to {MAX_SECONDS:g} s)")
+        if max(self.seconds) > MAX_RATIO * min(self.seconds):
+            raise CostCurveError(f"cost curve spans more than a factor {MAX_RATIO:g} between widths "
+                                 f"({min(self.seconds)!r} to {max(self.seconds)!r} s): not a measured curve")
 
     def cost(self, n_tokens: int) -> float:
         """Seconds for a verify of ``n_tokens``; past the measured end, extrapolate the last slope."""
@@ -70,13 +84,25 @@ class CostCurve:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> CostCurve:
+        from promptlookup.jsonin import MAX_BYTES, JSONInputError, loads_bounded
+
         p = Path(path)
+        if p.is_dir():
+            raise CostCurveError(f"cost curve file is a directory: {p}")
         try:
-            obj: Any = json.loads(p.read_text(encoding="utf-8"))
+            size = p.stat().st_size
+            if size > MAX_BYTES:
+                raise CostCurveError(f"cost curve file {p} is {size} bytes, "
+                                     f"more than the {MAX_BYTES} accepted")
+            obj: Any = loads_bounded(p.read_text(encoding="utf-8"), f"cost curve file {p}")
         except FileNotFoundError:
             raise CostCurveError(f"cost curve file not found: {p}") from None
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except UnicodeDecodeError as exc:
             raise CostCurveError(f"cost curve file is not valid JSON: {p} ({exc})") from None
+        except JSONInputError as exc:
+            raise CostCurveError(str(exc)) from None
+        except OSError as exc:
+            raise CostCurveError(f"cannot read cost curve file {p}: {exc.strerror or exc}") from None
         if isinstance(obj, list):  # a bare list of seconds (or relative costs) is accepted too
             obj = {"seconds": obj}
         if not isinstance(obj, dict) or not isinstance(obj.get("seconds"), list):
@@ -130,8 +156,9 @@ def cached_cost_curve(backend: Any, max_tokens: int = 9, refresh: bool = False) 
             curve = CostCurve.load(path)
             if len(curve.seconds) >= max_tokens:
                 return curve
-        except CostCurveError:
-            pass  # a damaged cache entry is simply measured again
+        except CostCurveError as exc:  # a damaged cache entry is measured again
+            print(f"promptlookup: warning: cached cost curve unusable, measuring it again ({exc})",
+                  file=sys.stderr)
     curve = measure_cost_curve(backend, max_tokens=max_tokens)
     curve.save(path)
     return curve

@@ -31,6 +31,7 @@ from typing import Any
 
 from promptlookup.drafting.base import DraftSource
 from promptlookup.errors import InputError
+from promptlookup.textin import read_text_bytes, replaced_note
 
 
 @dataclass
@@ -47,6 +48,7 @@ class ReplayStats:
     t_draft_s: float = 0.0
     t_load_s: float = 0.0
     peak_rss_bytes: int = 0
+    n_invalid_utf8: int = 0  # invalid UTF-8 sequences in the text, replaced by U+FFFD before tokenizing
 
     @property
     def accept(self) -> float:
@@ -78,6 +80,7 @@ class ReplayStats:
             f"n_accept     = {self.n_accept}",
             f"accept       = {100 * self.accept:.3f}%",
             f"peak RSS     = {self.peak_rss_bytes / 2**20:.1f} MiB",
+            *replaced_note(self.n_invalid_utf8, "note"),
         ]
 
 
@@ -128,17 +131,14 @@ def replay(tokens: Sequence[int], n_ctx: int, n_draft: int,
     return st
 
 
-def read_text_tokens(path: str, tokenizer, as_list: bool = True):
-    """The replay text, read as is, tokenized as llama.cpp's lookup-stats does (special tokens on).
+def read_text_tokens(path: str, tokenizer, as_list: bool = True) -> tuple:
+    """The replay text, read as is, tokenized as llama.cpp's lookup-stats does (special tokens on);
+    ``(tokens, invalid UTF-8 sequences replaced)`` (see :mod:`promptlookup.textin`).
 
-    A list of ints, or with ``as_list=False`` the int32 array (a tenth of the memory)."""
-    from pathlib import Path
-
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(f"text file not found: {p}")
-    data = p.read_bytes()
+    The tokens are a list of ints, or with ``as_list=False`` the int32 array (a tenth of the memory)."""
+    data, n_bad = read_text_bytes(path, "text file")
     if not data.strip():
-        raise InputError(f"text file is empty: {p}")
+        raise InputError(f"text file is empty: {path}")
     ids = tokenizer.tokenize(data, add_special=True, parse_special=True)
-    return [int(t) for t in ids] if as_list else ids
+    return ([int(t) for t in ids] if as_list else ids), n_bad
+

@@ -11,7 +11,9 @@ from __future__ import annotations
 import time
 
 from promptlookup.drafting.spec import Run, SourceSpec, options_of, source_factory
+from promptlookup.measure.costs import CostCurve
 from promptlookup.measure.replay import ReplayStats, read_text_tokens, replay
+from promptlookup.speculate import MAX_DRAFT
 
 
 def run_stats(text: str, model_path: str, n_ctx: int, spec: SourceSpec, verify: bool = False,
@@ -25,7 +27,7 @@ def run_stats(text: str, model_path: str, n_ctx: int, spec: SourceSpec, verify: 
 
     compiled = spec.name == "lookup" and not reference
     tok = VocabTokenizer(model_path)
-    tokens = read_text_tokens(text, tok, as_list=not compiled)
+    tokens, n_bad = read_text_tokens(text, tok, as_list=not compiled)
     files = any(options_of(spec.name)[k].kind is str for k, _ in spec.options)  # paths to check
     fingerprint = tok.fingerprint() if files else ""  # the tokenizer's work, not the files' load
     run = Run(tok.n_vocab, lambda: fingerprint, verify=verify)
@@ -34,26 +36,32 @@ def run_stats(text: str, model_path: str, n_ctx: int, spec: SourceSpec, verify: 
     make = source_factory(spec, run)
     if not compiled:
         t_load = time.perf_counter() - t0
-        return replay(tokens, n_ctx, spec.draft, make, t_load)
+        st = replay(tokens, n_ctx, spec.draft, make, t_load)
+        st.n_invalid_utf8 = n_bad
+        return st
     from promptlookup.measure.replay_lookup import replay_lookup
 
     source = make()
     t_load = time.perf_counter() - t0
-    return replay_lookup(tokens, n_ctx, spec.draft, static=source.static, dynamic=source.dynamic,
-                         t_load_s=t_load)
+    st = replay_lookup(tokens, n_ctx, spec.draft, static=source.static, dynamic=source.dynamic,
+                       t_load_s=t_load)
+    st.n_invalid_utf8 = n_bad
+    return st
 
 
-def cost_simulation(text: str, model_path: str, n_ctx: int, spec: SourceSpec, curve_arg: str) -> str:
+def curve_from_arg(arg: str) -> CostCurve:
+    """``--cost-curve FILE|flat``: loaded (and checked) before any replay runs."""
+    return CostCurve.flat(MAX_DRAFT + 1) if arg == "flat" else CostCurve.load(arg)
+
+
+def cost_simulation(text: str, model_path: str, n_ctx: int, spec: SourceSpec, curve: CostCurve) -> str:
     """``stats --cost-curve``: the text under ``spec`` at fixed draft lengths, under ``auto`` (with
-    the spec's files) and the hindsight oracle, on a backend with that curve (a file or ``flat``)."""
+    the spec's files) and the hindsight oracle, on a backend with that curve."""
     from promptlookup.build.create import VocabTokenizer
-    from promptlookup.measure.costs import CostCurve
     from promptlookup.measure.simulate import report_table, simulate_text
-    from promptlookup.speculate import MAX_DRAFT
 
-    curve = CostCurve.flat(MAX_DRAFT + 1) if curve_arg == "flat" else CostCurve.load(curve_arg)
     tok = VocabTokenizer(model_path)
-    tokens = read_text_tokens(text, tok)
+    tokens, _ = read_text_tokens(text, tok)  # the replay before this reported the replacements
     run = Run(tok.n_vocab, tok.fingerprint, cost_curve=lambda: curve)
     fixed = source_factory(spec, run)
     auto = source_factory(SourceSpec("auto", spec.with_options(options_of("auto"))), run)

@@ -155,7 +155,14 @@ def parse_llamacpp(data: bytes | np.ndarray, name: str = "<bytes>", n_vocab: int
 
 
 def read_llamacpp(path: str | os.PathLike[str], n_vocab: int | None = None) -> Records:
+    """A llama.cpp cache file, parsed and checked; a zero-byte file or a file of another kind is
+    refused, naming what it is (a headerless format would otherwise accept it)."""
+    from promptlookup.formats import foreign_kind
+
     path = Path(path)
+    kind = foreign_kind(path, own=None)
+    if kind is not None:
+        raise CacheFormatError(f"{path}: is {kind}, not a llama.cpp n-gram cache")
     try:
         data = np.fromfile(path, dtype=np.uint8)
     except OSError as exc:
@@ -218,6 +225,10 @@ def load_dynamic(path: str | os.PathLike[str], n_vocab: int | None = None) -> Ng
 
 
 def save_dynamic(path: str | os.PathLike[str], cache: NgramCache) -> int:
+    """Write a dynamic cache; an empty one is not written (a missing file is the empty cache, and a
+    zero-byte file is refused when read), so the size is 0."""
+    if not len(cache):
+        return 0
     return write_llamacpp(path, *cache.records())
 
 
@@ -251,6 +262,7 @@ def merge_files(inputs: list[str], output: str, fmt: str | None, vocab_fn=None) 
     input is in our format.
     """
     from promptlookup.drafting.lookup.static_cache import is_static_file, open_static, write_static
+    from promptlookup.formats import foreign_kind
 
     if not inputs:
         raise InputError("merge needs at least one input cache")
@@ -258,6 +270,10 @@ def merge_files(inputs: list[str], output: str, fmt: str | None, vocab_fn=None) 
         if not Path(p).is_file():
             raise CacheFormatError(f"cache not found: {p}")
     kinds = ["static" if is_static_file(p) else "llamacpp" for p in inputs]
+    for p, k in zip(inputs, kinds, strict=True):  # every input's kind before any is parsed
+        kind = foreign_kind(p, own=None) if k == "llamacpp" else None
+        if kind is not None:
+            raise CacheFormatError(f"{p}: is {kind}, not a lookup cache (ours or llama.cpp's)")
     fmt = fmt or kinds[0]
     statics = [open_static(p, verify=True) for p, k in zip(inputs, kinds, strict=True) if k == "static"]
     try:
@@ -269,7 +285,7 @@ def merge_files(inputs: list[str], output: str, fmt: str | None, vocab_fn=None) 
                                                     if k == "static"], statics, strict=True)))
         n_vocab = next(iter(fps))[0] if fps else None
         parts: list[Records] = []
-        names: list[str] = []  # parts[i] came from names[i]: llama.cpp files first, then ours
+        names: list[str] = []  # parallel to parts: llama.cpp inputs first, then ours
         for p, k in zip(inputs, kinds, strict=True):
             if k == "llamacpp":
                 parts.append(read_llamacpp(p, n_vocab))
@@ -284,10 +300,10 @@ def merge_files(inputs: list[str], output: str, fmt: str | None, vocab_fn=None) 
             else:
                 raise InputError("writing our static format needs a tokenizer fingerprint: give -m MODEL")
             t0s, t1s, toks, cnts = [], [], [], []
-            for i, (keys, off, tok, cnt) in enumerate(parts):
+            for name, (keys, off, tok, cnt) in zip(names, parts, strict=True):
                 if len(keys) and not (np.all(keys[:, :2] >= 0) and np.all(keys[:, 2:] == PAD)):
-                    raise CacheFormatError(f"{names[i]}: holds "
-                                           "n-grams other than 2-grams; merge it with --format llamacpp")
+                    raise CacheFormatError(f"{name}: holds n-grams other than 2-grams; merge it with "
+                                           "--format llamacpp")
                 per = np.diff(off)
                 t0s.append(np.repeat(keys[:, 0], per))
                 t1s.append(np.repeat(keys[:, 1], per))
@@ -303,6 +319,9 @@ def merge_files(inputs: list[str], output: str, fmt: str | None, vocab_fn=None) 
         total = NgramCache(capacity=max(16, sum(len(p[0]) for p in parts)))
         for rec in parts:
             total.add_records(*rec)
+        if not len(total):
+            raise CacheFormatError("the merged cache is empty: nothing to write "
+                                   "(a zero-byte file is not a cache)")
         size = save_dynamic(output, total)
         return (f"merge: {len(inputs)} caches -> {output} (llama.cpp format): {len(total)} n-grams, "
                 f"{total.n_entries} followers, {size} bytes")

@@ -65,6 +65,7 @@ from numba import njit
 
 from promptlookup.errors import InputError, UserError
 from promptlookup.fileio import atomic_write
+from promptlookup.formats import kind_of
 
 MAGIC = b"PLSTATIC"
 VERSION = 2
@@ -366,7 +367,9 @@ def _open_mapped(path: Path, mm: mmap.mmap, size: int, fingerprint: str | None, 
     head = mm[:HEADER_SIZE]
     magic, version, ngram, fp_raw, n_vocab, n_keys, n_fol, body_crc, head_crc = HEADER.unpack(head)
     if magic != MAGIC:
-        raise CacheFormatError(f"{path}: not a promptlookup static cache (bad magic {magic!r})")
+        kind = kind_of(head)
+        raise CacheFormatError(f"{path}: not a promptlookup static cache (bad magic {magic!r}"
+                               + (f"; it is {kind})" if kind else ")"))
     if version != VERSION:
         hint = "; rebuild it from its corpus with `promptlookup create`" if version < VERSION else ""
         raise CacheFormatError(f"{path}: static cache version {version} is not supported "

@@ -35,6 +35,8 @@ from promptlookup.drafting.spec import DRAFT, Option, Run, SourceSpec, SpecError
 
 DEFAULT_MIN_MATCH = 3
 DEFAULT_MAX_MATCH = 16
+MAX_MATCH_LIMIT = 1024  # longest max_match accepted: each length has an empty draft kept, and the scan
+# above INDEX_MAX_MATCH compares up to max_match tokens per position (10**7 took 2.2 GB and 27 s)
 INDEX_MAX_MATCH = 32  # above this the index costs too much memory (max_match entries per token): scan
 
 
@@ -132,6 +134,8 @@ class SuffixMatchSource:
             raise ValueError(
                 f"ngram max-match ({max_match}) must be at least min-match ({min_match})"
             )
+        if max_match > MAX_MATCH_LIMIT:
+            raise ValueError(f"ngram max-match must be at most {MAX_MATCH_LIMIT}, got {max_match}")
         self._min_match = min_match
         self._max_match = max_match
         self._buf = np.zeros(1024, dtype=np.int32)
@@ -210,8 +214,8 @@ class SuffixMatchSource:
 
 OPTIONS = {
     "draft": DRAFT,
-    "min": Option(int, DEFAULT_MIN_MATCH, 1, None, "--ngram-min-match"),
-    "max": Option(int, DEFAULT_MAX_MATCH, 1, None, "--ngram-max-match"),
+    "min": Option(int, DEFAULT_MIN_MATCH, 1, MAX_MATCH_LIMIT, "--ngram-min-match"),
+    "max": Option(int, DEFAULT_MAX_MATCH, 1, MAX_MATCH_LIMIT, "--ngram-max-match"),
 }
 
 

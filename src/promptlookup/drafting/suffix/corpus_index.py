@@ -48,6 +48,7 @@ from numba import njit
 
 from promptlookup.errors import UserError
 from promptlookup.fileio import atomic_write
+from promptlookup.formats import kind_of
 
 MAGIC = b"PLSUFIDX"
 VERSION = 1
@@ -270,7 +271,8 @@ def open_index(path: str | os.PathLike[str], fingerprint: str | None = None, n_v
             raise bad(f"{size} bytes is shorter than the {HEADER.size}-byte header")
         (magic, version, item, fp, nv, n, t_off, b_off, s_off, fsize, crc, _, hcrc) = HEADER.unpack(head)
         if magic != MAGIC:
-            raise bad(f"bad magic {magic!r}")
+            kind = kind_of(head)
+            raise bad(f"bad magic {magic!r}" + (f" (it is {kind})" if kind else ""))
         if version != VERSION:
             raise bad(f"version {version}, this build reads version {VERSION}")
         if zlib.crc32(head[:124]) != hcrc:

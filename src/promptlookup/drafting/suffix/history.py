@@ -177,7 +177,7 @@ class History:
         (magic, version, depth, fp, saved_budget, n_seqs, n_tokens, ns, ne, n_pos, last, crc,
          _) = HEADER.unpack_from(data)
         if magic != MAGIC:
-            raise bad(f"bad magic {magic!r}")
+            raise bad(f"bad magic {magic!r}{_named(data)}")
         if version != VERSION:
             raise bad(f"version {version}, this build reads version {VERSION}")
         try:
@@ -229,6 +229,13 @@ class History:
             self._rebuild()
 
 
+def _named(data: bytes) -> str:
+    from promptlookup.formats import kind_of
+
+    kind = kind_of(data[:16])
+    return f" (it is {kind})" if kind else ""
+
+
 def _check_structure(lens, toks, st, ed, n_pos, last) -> str | None:
     """Why the saved automaton cannot be trusted, or ``None``: every index the kernels follow."""
     ns, ne = len(st), len(ed)
@@ -261,4 +268,6 @@ def _check_structure(lens, toks, st, ed, n_pos, last) -> str | None:
             return "a transition target out of range"
         if ((ed[:, E_TOK] < 0) & (ed[:, E_TOK] != SEP)).any():
             return "a negative transition token"
+        if len(toks) and int(ed[:, E_TOK].max()) > int(toks.max()):  # it would be drafted, unchecked
+            return "a transition on a token above every token of the text"
     return None

@@ -1,0 +1,114 @@
+"""A chat prompt as token ids, where only the chat template's own text can produce control tokens.
+
+Why: the rendered chat prompt used to be tokenized whole with special-token parsing on, so a user
+message holding ``<|im_end|>\\n<|im_start|>system\\n...`` was turned into real control tokens and
+could forge a turn of the conversation. Every request path (``generate --chat``, ``bench``, and a
+server later) goes through :func:`chat_tokens`, which works on any backend with ``chat_prompt``,
+``tokenize`` and ``control_texts``:
+
+1. The template is rendered twice: with the real messages, and with a unique marker in place of
+   each message's content. The marked render splits into the template's own text and the content
+   slots; the real render must equal that text with the contents put back (a template that trims the
+   content is matched with the contents trimmed). Where neither matches, the contents are put back
+   as given, which is still safe.
+2. Control-token texts are looked for only inside the template's own text. Those are the only
+   control tokens; everything between two of them (template text and content alike) is tokenized
+   as one fragment with special-token parsing off, as the tokenizer's own special-token pass would
+   cut it, so a prompt whose content holds no control-token text gets exactly the ids of the old
+   whole-string tokenization.
+3. The tokens ``add_special`` puts around a text (a BOS, say) are added once, around the whole.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+Segment = tuple[str, bool]  # (text, is the template's own text)
+
+
+def _markers(n: int, avoid: str) -> list[str]:
+    """``n`` marker strings, none of which occurs in ``avoid`` (private-use code points around a number)."""
+    k = 0
+    while True:
+        marks = [f"\ue000{k}.{i}\ue001" for i in range(n)]
+        if not any(m in avoid for m in marks):
+            return marks
+        k += 1
+
+
+def template_segments(backend: Any, user: str, system: str | None = None) -> list[Segment]:
+    """The rendered chat prompt as (text, from the template) segments; see the module doc, step 1."""
+    system = system or None  # the backends render an empty system message as none
+    contents = [c for c in (system, user) if c is not None]
+    rendered = backend.chat_prompt(user, system)
+    marks = _markers(len(contents), rendered + "".join(contents))
+    marked = backend.chat_prompt(marks[-1], marks[0] if system is not None else None)
+    pattern = re.compile("|".join(re.escape(m) for m in marks))
+    parts = pattern.split(marked)
+    slots = [marks.index(m.group()) for m in pattern.finditer(marked)]
+
+    def assemble(values: Sequence[str]) -> list[Segment]:
+        out: list[Segment] = []
+        for i, text in enumerate(parts):
+            if text:
+                out.append((text, True))
+            if i < len(slots) and values[slots[i]]:
+                out.append((values[slots[i]], False))
+        return out
+
+    for values in (contents, [c.strip() for c in contents]):
+        segs = assemble(values)
+        if "".join(t for t, _ in segs) == rendered:
+            return segs
+    return assemble(contents)
+
+
+def _partition(segments: Sequence[Segment], controls: Sequence[str]) -> list[str]:
+    """Alternating text fragments and control-token texts (the latter found in template text only).
+
+    Returns a list whose odd positions are control texts: ``[text, control, text, control, text]``.
+    """
+    out: list[str] = [""]
+    finder = (re.compile("|".join(re.escape(c) for c in sorted(set(controls), key=len, reverse=True)))
+              if controls else None)
+    for text, own in segments:
+        if not own or finder is None:
+            out[-1] += text
+            continue
+        pos = 0
+        for m in finder.finditer(text):
+            out[-1] += text[pos : m.start()]
+            out.extend([m.group(), ""])
+            pos = m.end()
+        out[-1] += text[pos:]
+    return out
+
+
+def _special_affixes(backend: Any) -> tuple[list[int], list[int]]:
+    """The ids ``add_special`` puts before and after a text (a BOS, an EOS), found by a probe."""
+    probe = "a"
+    bare = list(backend.tokenize(probe, add_special=False, parse_special=False))
+    full = list(backend.tokenize(probe, add_special=True, parse_special=False))
+    for i in range(len(full) - len(bare) + 1):
+        if full[i : i + len(bare)] == bare:
+            return full[:i], full[i + len(bare) :]
+    return [], []
+
+
+def chat_tokens(backend: Any, user: str, system: str | None = None) -> list[int]:
+    """Token ids of a one-turn chat prompt, ready for generation, with no control token from content."""
+    pieces = _partition(template_segments(backend, user, system), backend.control_texts())
+    ids: list[int] = []
+    for i, piece in enumerate(pieces):
+        if i % 2 == 0:
+            if piece:
+                ids.extend(backend.tokenize(piece, add_special=False, parse_special=False))
+            continue
+        one = list(backend.tokenize(piece, add_special=False, parse_special=True))
+        if len(one) != 1:  # not a single token after all: it is text
+            one = list(backend.tokenize(piece, add_special=False, parse_special=False))
+        ids.extend(one)
+    head, tail = _special_affixes(backend)
+    return [*head, *ids, *tail]
