@@ -186,7 +186,7 @@ def _finish(ids: np.ndarray, logits: np.ndarray, params: SamplingParams, u: floa
 def filtered_distribution(logits: np.ndarray, tokens: Sequence[int], n: int,
                           params: SamplingParams) -> dict[int, float]:
     """The exact distribution position ``n`` is sampled from (for tests): token -> probability."""
-    row = _reference_penalize(np.asarray(logits, dtype=np.float32), tokens, n, params)
+    row = penalize(np.asarray(logits, dtype=np.float32), tokens, n, params)
     if params.greedy:
         return {int(np.argmax(row)): 1.0}
     ids, lg = _cut(*_reference_top_k(row, params.top_k), params)
@@ -195,8 +195,8 @@ def filtered_distribution(logits: np.ndarray, tokens: Sequence[int], n: int,
     return {int(t): float(x) for t, x in zip(ids, w, strict=True)}
 
 
-def _reference_penalize(row: np.ndarray, tokens: Sequence[int], n: int,
-                        params: SamplingParams) -> np.ndarray:
+def penalize(row: np.ndarray, tokens: Sequence[int], n: int, params: SamplingParams) -> np.ndarray:
+    """The logits after llama.cpp's penalties for position ``n`` (reference: a Counter, id by id)."""
     if not params.penalties:
         return row
     counts = Counter(int(t) for t in _window(tokens, n, params.repeat_last_n))
@@ -216,7 +216,7 @@ def _reference_top_k(row: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 def reference_sample(logits: np.ndarray, tokens: Sequence[int], n: int, params: SamplingParams,
                      seed: int) -> int:
     """The plain implementation: the whole vocabulary penalized, sorted and cut."""
-    row = _reference_penalize(np.asarray(logits, dtype=np.float32), tokens, n, params)
+    row = penalize(np.asarray(logits, dtype=np.float32), tokens, n, params)
     if params.greedy:
         return int(np.argmax(row))
     ids, lg = _reference_top_k(row, params.top_k)
