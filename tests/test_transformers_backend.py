@@ -182,3 +182,21 @@ def test_cli_backend_flag_reports_missing_torch_in_one_line(monkeypatch, capsys)
     err = capsys.readouterr().err
     assert rc == 2
     assert err.count("\n") == 1 and "pip install" in err
+
+
+def test_speculative_sampling_equals_plain_sampling_for_the_same_seed(tb, copy_ids):
+    """fp32: batched logits equal single-token logits, so with the position-keyed stream a sampled
+    speculative run is token-identical to plain sampling with the same seed."""
+    from promptlookup.drafting.suffix import SuffixMatchSource
+    from promptlookup.sampling import Sampler, SamplingParams
+    from promptlookup.speculate import generate
+
+    params = SamplingParams(temp=0.8, top_p=0.95)
+    plain = generate(tb, copy_ids, 48, sampler=Sampler(params, 7))
+    spec = generate(tb, copy_ids, 48, source=SuffixMatchSource(), draft=8, sampler=Sampler(params, 7))
+    assert spec.tokens == plain.tokens
+    assert spec.counters.accepted_tokens > 0 and spec.counters.decodes < plain.counters.decodes
+    greedy = generate(tb, copy_ids, 48).tokens
+    hot = generate(tb, copy_ids, 48, sampler=Sampler(SamplingParams(temp=1.5, top_k=0, top_p=1.0,
+                                                                    min_p=0.0), 7)).tokens
+    assert hot != greedy  # it really sampled
