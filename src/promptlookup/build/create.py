@@ -29,12 +29,13 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from numba import njit
@@ -330,6 +331,33 @@ def pool_errors() -> Iterator[None]:
             from None
 
 
+def map_blocks(paths: Sequence[str], block: int, model_path: str | os.PathLike[str], tokenizer: str,
+               workers: int, absorb: Callable[[Any, int], None], task: Callable[..., Any],
+               *args: Any) -> None:
+    """Run ``task(data, first, *args)`` on every corpus block in a pool of tokenizer workers and hand
+    each result to ``absorb(result, block bytes)`` in block order (``create`` and ``index`` share it).
+
+    Workers are spawned (no fork of a process holding a vocabulary), die with this process
+    (:func:`worker_init`), and at most two blocks per worker are in flight, so memory stays bounded
+    by the block size whatever the corpus size.
+    """
+    n = max(1, workers)
+    with pool_errors(), ProcessPoolExecutor(max_workers=n, mp_context=get_context("spawn"),
+                                            initializer=worker_init,
+                                            initargs=worker_initargs(model_path, tokenizer)) as pool:
+        inflight: deque[tuple[Future, int]] = deque()
+        first = True
+        for data in iter_blocks(paths, block):
+            inflight.append((pool.submit(task, data, first, *args), len(data)))
+            first = False
+            while len(inflight) >= 2 * n:
+                fut, nbytes = inflight.popleft()
+                absorb(fut.result(), nbytes)
+        while inflight:
+            fut, nbytes = inflight.popleft()
+            absorb(fut.result(), nbytes)
+
+
 def worker_initargs(model_path: str | os.PathLike[str], kind: str) -> tuple:
     """``initargs`` of a tokenizer pool: the model, the tokenizer kind, and this (parent) pid."""
     return (str(model_path), kind, os.getpid())
@@ -405,21 +433,7 @@ def build_from_corpus(paths: Sequence[str | os.PathLike[str]], model_path: str |
             st.n_tokens += n_tok
         bar.update(nbytes)
 
-    ctx = get_context("spawn")
-    with pool_errors(), ProcessPoolExecutor(max_workers=max(1, workers), mp_context=ctx,
-                                            initializer=worker_init,
-                                            initargs=worker_initargs(model_path, tokenizer)) as pool:
-        inflight: deque[tuple[Future, int]] = deque()
-        first = True
-        for data in iter_blocks(paths, block):
-            inflight.append((pool.submit(_worker_count, data, first, bits), len(data)))
-            first = False
-            while len(inflight) >= 2 * max(1, workers):
-                fut, nbytes = inflight.popleft()
-                absorb(fut.result(), nbytes)
-        while inflight:
-            fut, nbytes = inflight.popleft()
-            absorb(fut.result(), nbytes)
+    map_blocks(paths, block, model_path, tokenizer, workers, absorb, _worker_count, bits)
     bar.close()
     if edge:
         e = np.asarray(edge, dtype=np.int64).reshape(-1, 3)

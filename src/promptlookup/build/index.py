@@ -12,17 +12,14 @@ import os
 import resource
 import sys
 import time
-from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
-from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
 
 from promptlookup.build import create as corpus
-from promptlookup.build.create import BLOCK, iter_blocks
+from promptlookup.build.create import BLOCK
 from promptlookup.drafting.suffix.corpus_index import build_suffix_array, write_index
 from promptlookup.errors import InputError
 from promptlookup.textin import check_input_files, replaced_note
@@ -73,22 +70,7 @@ def tokenize_corpus(paths: Sequence[str | os.PathLike[str]], model_path: str | o
         n_bad += result[1]
         bar.update(nbytes)
 
-    ctx = get_context("spawn")
-    with corpus.pool_errors(), ProcessPoolExecutor(max_workers=max(1, workers), mp_context=ctx,
-                                                   initializer=corpus.worker_init,
-                                                   initargs=corpus.worker_initargs(model_path, tokenizer)
-                                                   ) as pool:
-        inflight: deque[tuple[Future, int]] = deque()
-        first = True
-        for data in iter_blocks(paths, block):
-            inflight.append((pool.submit(corpus.worker_tokens, data, first), len(data)))
-            first = False
-            while len(inflight) >= 2 * max(1, workers):
-                fut, nbytes = inflight.popleft()
-                absorb(fut.result(), nbytes)
-        while inflight:
-            fut, nbytes = inflight.popleft()
-            absorb(fut.result(), nbytes)
+    corpus.map_blocks(paths, block, model_path, tokenizer, workers, absorb, corpus.worker_tokens)
     bar.close()
     if counts is not None:
         counts["invalid_utf8"] = n_bad
