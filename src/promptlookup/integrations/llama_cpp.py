@@ -41,6 +41,27 @@ DEFAULT_PRED_TOKENS = 8  # one eval of 9 tokens on llama.cpp CPU costs about 1.3
 DEFAULT_N_VOCAB = 1 << 18  # Llama 3 128256, Qwen 151936, Gemma 3 262144
 
 
+def llama_cost_curve(model_path: str | os.PathLike[str], n_threads: int | None = None) -> Any:
+    """The verify cost curve ``auto`` weighs drafts with: the CLI's cached curve for this model file
+    and thread count, else measured once (about a second, through a second, mmap-shared load of
+    the model) and cached for the next process."""
+    from promptlookup.backends.llama_cpp import LlamaCppBackend, default_threads
+    from promptlookup.measure.costs import CostCurve, CostCurveError, cached_cost_curve, curve_cache_path
+
+    threads = n_threads or default_threads()
+    path = curve_cache_path(model_path, LlamaCppBackend.name, threads)
+    if path.is_file():
+        try:
+            return CostCurve.load(path)
+        except CostCurveError:
+            pass  # measured again below
+    backend = LlamaCppBackend(model_path, n_ctx=512, n_threads=threads)
+    try:
+        return cached_cost_curve(backend, refresh=True)
+    finally:
+        backend.close()
+
+
 class PromptLookupDraftModel(_Base):  # type: ignore[misc,valid-type]
     """A ``LlamaDraftModel`` that drafts with any promptlookup source.
 
@@ -51,11 +72,12 @@ class PromptLookupDraftModel(_Base):  # type: ignore[misc,valid-type]
 
     def __init__(self, source: str | SourceSpec = "suffix", num_pred_tokens: int | None = None,
                  history: str | os.PathLike[str] | None = None, corpus: str | os.PathLike[str] | None = None,
-                 *, model_path: str | os.PathLike[str] | None = None, n_vocab: int | None = None) -> None:
+                 *, model_path: str | os.PathLike[str] | None = None, n_vocab: int | None = None,
+                 n_threads: int | None = None) -> None:
         spec = build_spec(source, None if history is None else str(history),
                           None if corpus is None else str(corpus))
         k = draft_length(spec, num_pred_tokens, DEFAULT_PRED_TOKENS)
-        fingerprint = None
+        fingerprint = curve = None
         if model_path is not None:
             from promptlookup.build.create import VocabTokenizer
 
@@ -64,7 +86,11 @@ class PromptLookupDraftModel(_Base):  # type: ignore[misc,valid-type]
                 raise UsageError(f"n_vocab={n_vocab} disagrees with {model_path} ({vocab.n_vocab} tokens)")
             n_vocab = vocab.n_vocab
             fingerprint = vocab.fingerprint
-        self.drafter = Drafter(spec, k, n_vocab or DEFAULT_N_VOCAB, fingerprint=fingerprint)
+
+            def curve() -> Any:
+                return llama_cost_curve(model_path, n_threads)
+
+        self.drafter = Drafter(spec, k, n_vocab or DEFAULT_N_VOCAB, fingerprint=fingerprint, cost_curve=curve)
         self.num_pred_tokens = k
         self._seen = np.zeros(4096, dtype=np.intc)  # the last history, to tell an append from a new request
         self._n = 0

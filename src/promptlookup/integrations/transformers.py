@@ -22,6 +22,7 @@ change in any release, so it is left out.
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,6 +40,9 @@ _NEUTRAL: dict[str, Any] = {"use_cache": True, "num_beams": 1, "num_return_seque
                             "streamer": None, "generation_config": None, "logits_processor": None,
                             "stopping_criteria": None, "assistant_model": None,
                             "prompt_lookup_num_tokens": None}
+
+
+_CURVES: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
 class UnsupportedGenerationOption(UsageError, ValueError):
@@ -77,10 +81,13 @@ def _drafter(backend: Any, source: str | SourceSpec, draft: int | None, history:
         raise UsageError(f"draft length must be in 1..{speculate.MAX_DRAFT} on transformers, got {k}")
     fingerprint = backend.fingerprint if backend.tokenizer is not None else None
 
-    def curve() -> Any:
+    def curve() -> Any:  # auto's verify cost curve: measured once per model object (about a second)
         from promptlookup.measure.costs import measure_cost_curve
 
-        return measure_cost_curve(backend)
+        model = backend.model
+        if model not in _CURVES:
+            _CURVES[model] = measure_cost_curve(backend)
+        return _CURVES[model]
 
     return Drafter(spec, k, backend.n_vocab, fingerprint=fingerprint, cost_curve=curve)
 
@@ -145,7 +152,7 @@ def generate(model: Any, input_ids: Any, *, max_new_tokens: int | None = None,
     if max_new_tokens < 1:
         raise UsageError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     eos = _eos_ids(model, eos_token_id)
-    backend = _backend(model, eos, len(prompt) + max_new_tokens + 1, tokenizer)
+    backend = _backend(model, eos, max(len(prompt) + max_new_tokens + 1, 1024), tokenizer)  # room for a curve
     if isinstance(source, Drafter):
         if history is not None or corpus is not None or draft is not None:
             raise UsageError("history=, corpus= and draft= belong to make_drafter when source is a Drafter")
