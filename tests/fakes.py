@@ -52,3 +52,66 @@ class FakeModel:
 
     def is_eog(self, token: int) -> bool:
         return self.eos is not None and token == self.eos
+
+
+class LogitsFakeModel:
+    """A 'model' with known logits: each position's logits row is a pure function of the last
+    ``window`` tokens (a seeded table), so batched and single-token logits are equal by construction.
+
+    It decodes like a real backend: greedy argmax without a sampler, else the sampler's choice from
+    its rows (``Sampler.sample_rows``, the call both real backends make), with the cache's tokens as
+    the history that penalties read.
+    """
+
+    def __init__(self, n_vocab: int = 6, window: int = 2, scale: float = 1.5, eos: int | None = None,
+                 n_ctx: int = 4096, seed: int = 0) -> None:
+        import numpy as np
+
+        self._np = np
+        self.n_vocab = n_vocab
+        self.window = window
+        self.scale = scale
+        self.eos = eos
+        self.n_ctx = n_ctx
+        self.seed = seed
+        self.cache: list[int] = []
+        self.verify_calls: list[list[int]] = []
+        self._rows: dict[tuple[int, ...], object] = {}
+
+    @property
+    def n_past(self) -> int:
+        return len(self.cache)
+
+    def logits(self, prefix: Sequence[int]):
+        tail = tuple(int(t) for t in prefix[-self.window:])
+        row = self._rows.get(tail)
+        if row is None:
+            rng = self._np.random.default_rng([self.seed, len(tail), *tail])
+            row = (rng.standard_normal(self.n_vocab) * self.scale).astype(self._np.float32)
+            self._rows[tail] = row
+        return row
+
+    def _choose(self, start: int, sampler) -> list[int]:
+        """Rows for positions start+1..len(cache), chosen as a real backend would."""
+        rows = self._np.stack([self.logits(self.cache[: p]) for p in range(start + 1, len(self.cache) + 1)])
+        if sampler is None or sampler.argmax_only:
+            return [int(t) for t in rows.argmax(axis=1)]
+        return sampler.sample_rows(rows, self.cache, start + 1)
+
+    def prefill(self, ids: Sequence[int], sampler=None) -> int:
+        self.cache = [int(t) for t in ids]
+        return self._choose(len(self.cache) - 1, sampler)[-1]
+
+    def verify(self, ids: Sequence[int], sampler=None) -> list[int]:
+        assert len(self.cache) + len(ids) <= self.n_ctx
+        self.verify_calls.append(list(ids))
+        start = len(self.cache)
+        self.cache.extend(int(t) for t in ids)
+        return self._choose(start, sampler)
+
+    def rollback(self, n_keep: int) -> None:
+        assert 0 <= n_keep <= len(self.cache)
+        del self.cache[n_keep:]
+
+    def is_eog(self, token: int) -> bool:
+        return self.eos is not None and token == self.eos

@@ -173,3 +173,51 @@ def test_curve_measures_caches_and_writes(capsys, tmp_path, monkeypatch):
     curve = costs.CostCurve.load(out_file)
     assert len(curve.seconds) == 3 and all(s > 0 for s in curve.seconds)
     assert len(list((tmp_path / "cache" / "cost-curves").glob("*.json"))) == 1
+
+
+@pytest.mark.parametrize("flag, value", [("--temp", "-0.5"), ("--top-p", "0"), ("--top-p", "1.5"),
+                                         ("--top-k", "-1"), ("--min-p", "2"), ("--repeat-penalty", "0"),
+                                         ("--repeat-last-n", "-3"), ("--temp", "nan")])
+def test_bad_sampling_flags_are_one_line_errors(capsys, flag, value):
+    code, _, err = run_main(capsys, "generate", "-p", "hi", flag, value)
+    assert code == 2 and flag in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("flag, value", [("--temp", "hot"), ("--top-k", "2.5"), ("--seed", "-1")])
+def test_unparsable_sampling_flags(capsys, flag, value):
+    code, _, err = run_parser(capsys, "generate", "-p", "hi", flag, value)
+    assert code == 2 and flag in err and err.count("\n") == 1
+
+
+def test_logprobs_need_json(capsys):
+    code, _, err = run_main(capsys, "generate", "-p", "hi", "--logprobs", "2")
+    assert code == 2 and "--logprobs needs --json" in err
+
+
+@requires_model
+@pytest.mark.model
+def test_sampled_generate_repeats_with_its_seed(capsys):
+    args = ["generate", "--ngram", "-n", "24", "--json", "--temp", "0.8", "-p",
+            "a b c d a b c d a b c d a b c d a b"]
+    runs = []
+    for _ in range(2):
+        code, out, _ = run_main(capsys, *args, "--seed", "7", "--logprobs", "2")
+        assert code == 0
+        runs.append(json.loads(out))
+    assert runs[0]["tokens"] == runs[1]["tokens"] and runs[0]["sampling"]["seed"] == 7
+    lps = runs[0]["logprobs"]
+    assert [lp["id"] for lp in lps] == runs[0]["tokens"]
+    assert all(lp["logprob"] <= 0 and len(lp["top_logprobs"]) == 2 for lp in lps)
+    code, out, _ = run_main(capsys, *args)  # no --seed: one is chosen and reported
+    assert code == 0 and isinstance(json.loads(out)["sampling"]["seed"], int)
+
+
+@requires_model
+@pytest.mark.model
+def test_sampled_report_names_the_seed(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "promptlookup", "generate", "--ngram", "-n", "8", "--temp", "0.8",
+         "-p", "one two three one two three"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    line = [ln for ln in proc.stderr.splitlines() if ln.startswith("sampling:")]
+    assert len(line) == 1 and "temp 0.8" in line[0] and "--seed" in line[0]

@@ -184,6 +184,16 @@ def test_transformers_generate_equals_model_generate_and_the_cli_backend(hf, tex
         assert drafter.stats()["accepted_tokens"] > 10
 
 
+def test_transformers_sampling_speculative_equals_plain_for_the_same_seed(hf):
+    from promptlookup.integrations.transformers import generate
+
+    ids = _prompt(hf, COPY_PROMPT)
+    kw = {"max_new_tokens": 24, "do_sample": True, "temperature": 0.7, "top_k": 40, "top_p": 0.95}
+    plain = generate(hf.model, ids, source=None, seed=11, **kw)
+    assert generate(hf.model, ids, source="suffix", seed=11, **kw).tolist() == plain.tolist()
+    assert generate(hf.model, ids, source="ngram", seed=11, **kw).tolist() == plain.tolist()
+
+
 def test_transformers_generate_refuses_what_it_cannot_honour(hf):
     import torch
 
@@ -194,11 +204,11 @@ def test_transformers_generate_refuses_what_it_cannot_honour(hf):
         generate(hf.model, torch.cat([ids, ids]), max_new_tokens=4)
     with pytest.raises(UsageError, match="attention_mask must be all ones"):
         generate(hf.model, ids, max_new_tokens=4, attention_mask=torch.zeros_like(ids))
-    with pytest.raises(UnsupportedGenerationOption, match="do_sample=True is not supported yet"):
-        generate(hf.model, ids, max_new_tokens=4, do_sample=True, temperature=0.7)
+    with pytest.raises(UnsupportedGenerationOption, match="temperature=0.0 with do_sample=True"):
+        generate(hf.model, ids, max_new_tokens=4, do_sample=True, temperature=0.0)
     with pytest.raises(UnsupportedGenerationOption, match="num_beams=4"):
         generate(hf.model, ids, max_new_tokens=4, num_beams=4)
-    with pytest.raises(UnsupportedGenerationOption, match="top_k=5"):
+    with pytest.raises(UnsupportedGenerationOption, match="top_k=5 only applies with do_sample=True"):
         generate(hf.model, ids, max_new_tokens=4, top_k=5)
     with pytest.raises(UsageError, match="draft length must be in 1..8 on transformers"):
         generate(hf.model, ids, max_new_tokens=4, draft=9)

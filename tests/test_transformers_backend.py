@@ -197,3 +197,21 @@ def test_chat_injection_yields_no_control_token_from_user_text(tb, real_backend)
     assert (ids.count(1), ids.count(2)) == (3, 2)  # <|im_start|> x3, <|im_end|> x2: the template's
     assert ids == chat_tokens(real_backend, INJECTION)
     assert chat_tokens(tb, "hi", system=INJECTION) == chat_tokens(real_backend, "hi", system=INJECTION)
+
+
+def test_speculative_sampling_equals_plain_sampling_for_the_same_seed(tb, copy_ids):
+    """fp32: batched logits equal single-token logits, so with the position-keyed stream a sampled
+    speculative run is token-identical to plain sampling with the same seed."""
+    from promptlookup.drafting.ngram.source import SuffixMatchSource
+    from promptlookup.sampling import Sampler, SamplingParams
+    from promptlookup.speculate import generate
+
+    params = SamplingParams(temp=0.8, top_p=0.95)
+    plain = generate(tb, copy_ids, 48, sampler=Sampler(params, 7))
+    spec = generate(tb, copy_ids, 48, source=SuffixMatchSource(), draft=8, sampler=Sampler(params, 7))
+    assert spec.tokens == plain.tokens
+    assert spec.counters.accepted_tokens > 0 and spec.counters.decodes < plain.counters.decodes
+    greedy = generate(tb, copy_ids, 48).tokens
+    hot = generate(tb, copy_ids, 48, sampler=Sampler(SamplingParams(temp=1.5, top_k=0, top_p=1.0,
+                                                                    min_p=0.0), 7)).tokens
+    assert hot != greedy  # it really sampled

@@ -47,6 +47,69 @@ def _int_in(lo: int, hi: int | None, what: str):
     return parse
 
 
+def _float_arg(what: str):
+    def parse(text: str) -> float:
+        try:
+            return float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} must be a number, got {text!r}") from None
+
+    return parse
+
+
+def _int_arg(what: str):
+    def parse(text: str) -> int:
+        try:
+            return int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} must be an integer, got {text!r}") from None
+
+    return parse
+
+
+def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+    """llama.cpp's sampler flags, names, meanings and defaults, except --temp: 0 (greedy) here.
+    Values are checked by SamplingParams (one-line errors), so the bounds live in one place."""
+    from promptlookup.sampling import SamplingParams
+
+    d = SamplingParams()
+    p.add_argument("--temp", type=_float_arg("--temp"), default=d.temp,
+                   help="temperature; 0 = greedy (default)")
+    p.add_argument("--top-k", type=_int_arg("--top-k"), default=d.top_k,
+                   help=f"keep the k most likely tokens, 0 = off (default {d.top_k})")
+    p.add_argument("--top-p", type=_float_arg("--top-p"), default=d.top_p,
+                   help=f"keep the smallest set with probability >= p, 1 = off (default {d.top_p})")
+    p.add_argument("--min-p", type=_float_arg("--min-p"), default=d.min_p,
+                   help=f"keep tokens with p >= min_p * p_max, 0 = off (default {d.min_p})")
+    p.add_argument("--repeat-penalty", type=_float_arg("--repeat-penalty"), default=d.repeat_penalty,
+                   help="divide positive / multiply negative logits of recent tokens, 1 = off (default)")
+    p.add_argument("--repeat-last-n", type=_int_arg("--repeat-last-n"), default=d.repeat_last_n,
+                   help=f"tokens the penalties look back over, -1 = all, 0 = off (default {d.repeat_last_n})")
+    p.add_argument("--presence-penalty", type=_float_arg("--presence-penalty"), default=d.presence_penalty,
+                   help="subtracted once from each recent token's logit (default 0)")
+    p.add_argument("--frequency-penalty", type=_float_arg("--frequency-penalty"),
+                   default=d.frequency_penalty,
+                   help="subtracted per occurrence from each recent token's logit (default 0)")
+    p.add_argument("--seed", type=_int_in(0, 2**64 - 1, "--seed"),
+                   help="sampling seed (default: a random one, reported so the run can be repeated)")
+
+
+def _sampling(args: argparse.Namespace, logprobs: int | None = None):
+    """The run's Sampler from its flags (checked before any model is loaded)."""
+    from promptlookup.sampling import Sampler, SamplingParams
+
+    params = SamplingParams(temp=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                            repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
+                            presence_penalty=args.presence_penalty,
+                            frequency_penalty=args.frequency_penalty)
+    return Sampler(params, args.seed, logprobs=logprobs)
+
+
+def _sampling_line(sampler) -> str:
+    return (f"sampling: {sampler.params.describe()}; seed {sampler.seed} "
+            f"(--seed {sampler.seed} repeats this run)")
+
+
 def _add_model_args(p: argparse.ArgumentParser, backend: bool = False) -> None:
     p.add_argument("-m", "--model", help="GGUF model file (default: bundled SmolLM2-135M-Instruct); "
                    "with --backend transformers also a local model directory")
@@ -78,8 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="promptlookup", description=__doc__.splitlines()[0] if __doc__ else "")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    g = sub.add_parser("generate", help="generate text greedily, speculating by prompt lookup",
-                       description="Greedy generation; with a draft source, exact speculation.")
+    g = sub.add_parser("generate", help="generate text (greedy or sampled), speculating by prompt lookup",
+                       description="Greedy or sampled generation; with a draft source, exact speculation.")
     _add_model_args(g, backend=True)
     src = g.add_mutually_exclusive_group()
     src.add_argument("-p", "--prompt", help="prompt text")
@@ -109,6 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="corpus suffix-array index (promptlookup index) for --suffix / auto: long matches "
                         "into a static corpus")
     _add_draft_args(g)
+    _add_sampling_args(g)
+    g.add_argument("--logprobs", type=_int_in(0, 20, "--logprobs"), metavar="N",
+                   help="with --json: each token's log-probability (raw model distribution) and the "
+                        "N most likely alternatives at its position")
     g.add_argument("--csv", metavar="FILE", help="append one key=value row of counters to FILE")
     g.add_argument("--json", action="store_true",
                    help="print one JSON object (tokens, text, counters) instead of text + report")
@@ -150,6 +217,7 @@ def _add_bench_command(sub) -> None:
     b.add_argument("--csv", metavar="FILE", help="write every run's counters as CSV")
     b.add_argument("--md", metavar="FILE", help="write the markdown tables")
     b.add_argument("--png", metavar="FILE", help="write a chart of effective tok/s per cell")
+    _add_sampling_args(b)
     b.set_defaults(func=cmd_bench)
 
 
@@ -267,6 +335,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.system is not None and not args.chat:
         raise UsageError("--system only applies with --chat")
     spec = _generate_spec(args)  # every flag checked before the model loads
+    if args.logprobs is not None and not args.json:
+        raise UsageError("--logprobs needs --json")
+    sampler = _sampling(args, args.logprobs)
     text = _read_prompt(args)
     system = prompt_text(args.system, "--system") if args.system is not None else None
     backend = _load_backend(args)
@@ -284,13 +355,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
     source = build_source(spec, Run.for_backend(backend))
     draft = spec.draft if source is not None else args.draft
     streamer = None if args.json else _TextStreamer(backend.detokenize)
-    result = generate(backend, ids, args.n_predict, source=source, draft=draft, on_tokens=streamer)
+    result = generate(backend, ids, args.n_predict, source=source, draft=draft, on_tokens=streamer,
+                      sampler=sampler)
     finish(spec, source)  # commit the request; save the history / dynamic cache the flags name
-    _print_generation(args, backend, ids, result, streamer, source if spec.name == "auto" else None)
+    _print_generation(args, backend, ids, result, streamer, sampler,
+                      source if spec.name == "auto" else None)
     return 0
 
 
-def _print_generation(args: argparse.Namespace, backend, ids: list[int], result, streamer, drafter) -> None:
+def _print_generation(args: argparse.Namespace, backend, ids: list[int], result, streamer, sampler,
+                      drafter) -> None:
     """The output: JSON, or the rest of the streamed text and the report; ``--csv`` appends a row."""
     out_text = backend.detokenize(result.tokens)
     c = result.counters
@@ -299,17 +373,29 @@ def _print_generation(args: argparse.Namespace, backend, ids: list[int], result,
             fh.write(c.csv_row(model=backend.model_path.name, threads=backend.n_threads,
                                stopped_by=result.stopped_by) + "\n")
     if args.json:
-        print(json.dumps({
+        obj = {
             "model": str(backend.model_path), "threads": backend.n_threads,
             "prompt_tokens": len(ids), "tokens": result.tokens, "text": out_text,
             "stopped_by": result.stopped_by, "counters": c.as_dict(),
-        }))
+            "sampling": {**sampler.params.as_dict(), "seed": sampler.seed},
+        }
+        if result.logprobs is not None:
+            obj["logprobs"] = [_logprob_json(backend, lp) for lp in result.logprobs]
+        print(json.dumps(obj))
         return
     streamer.finish(out_text)
     for line in c.report_lines():
         print(line, file=sys.stderr)
+    if not sampler.argmax_only:
+        print(_sampling_line(sampler), file=sys.stderr)
     if drafter is not None:
         print(_auto_report(drafter), file=sys.stderr)
+
+
+def _logprob_json(backend, lp) -> dict:
+    """One token's entry, shaped like OpenAI's logprobs.content[i] (ids beside the texts)."""
+    return {"id": lp.token, "token": backend.detokenize([lp.token]), "logprob": lp.logprob,
+            "top_logprobs": [{"id": t, "token": backend.detokenize([t]), "logprob": v} for t, v in lp.top]}
 
 
 class _TextStreamer:
@@ -447,6 +533,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from promptlookup.chat import chat_tokens
     from promptlookup.fileio import atomic_write_text
     from promptlookup.measure import bench
+    from promptlookup.sampling import Sampler
     from promptlookup.textin import read_prompt_file
 
     cells = [bench.parse_cell(c) for c in args.cells.split(",") if c.strip()]  # a CellError is a UsageError
@@ -454,6 +541,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise UsageError("--cells names no cell (e.g. --cells off,ngram,auto)")
     if not any(c.name == "off" for c in cells):
         cells.insert(0, bench.parse_cell("off"))
+    sampler = _sampling(args)
+    if not sampler.argmax_only and any(c.name in bench.PEERS for c in cells):
+        raise UsageError("peer cells decode greedily: drop them or --temp/penalties")
     files: list[Path] = []
     for w in args.workload:
         p = Path(w)
@@ -480,9 +570,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise UsageError(f"workload {f.name} is empty")
         workloads[f.stem] = requests
     bench.check_cells(cells, backend)
+    params, seed = sampler.params, sampler.seed
     runs, oracles = bench.run_bench(backend, workloads, cells, args.repeat, args.n_predict,
-                                    progress=bench.stderr_progress)
+                                    progress=bench.stderr_progress,
+                                    make_sampler=lambda: Sampler(params, seed))
     md = bench.table(runs) + "\n\n" + bench.summary(runs, oracles) + "\n"
+    if not sampler.argmax_only:
+        md = f"{_sampling_line(sampler)}; every run uses this seed\n\n{md}"
     print(md)
     if args.md:
         atomic_write_text(Path(args.md), md)

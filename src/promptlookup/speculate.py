@@ -1,19 +1,23 @@
 """The speculative loop: draft, verify in one batch, keep the longest agreeing prefix, roll back.
 
-A drafted token is kept only where it equals the model's own argmax at that position; the first
-mismatch is replaced by the model's token, so every step confirms at least one token and the
-output is the model's greedy output. A step whose source abstains feeds one token: exactly a plain
-decode, same batch, no rollback.
+A drafted token is kept only where it equals the model's own choice at that position (its argmax
+when greedy, its sample under :mod:`promptlookup.sampling`); the first mismatch is replaced by the
+model's token, so every step confirms at least one token and the output is the model's own output.
+Under sampling that is "sample and match": exact in distribution, and token for token equal to plain
+sampling with the same seed wherever batched logits equal single-token logits, because the random
+number of a position depends only on (seed, position). A step whose source abstains feeds one token:
+exactly a plain decode, same batch, no rollback.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from promptlookup.backends.base import Backend, BackendError
 from promptlookup.drafting.base import DraftSource, NoDraft
+from promptlookup.sampling import Sampler, TokenLogprob
 from promptlookup.telemetry import Counters, ResourceProbe
 
 MAX_DRAFT = 8
@@ -26,6 +30,8 @@ class Generation:
     tokens: list[int]
     counters: Counters
     stopped_by: str  # "eos", "max_tokens" or "context"
+    seed: int | None = None  # the sampler's seed (None: no sampler, greedy)
+    logprobs: list[TokenLogprob] | None = field(default=None)  # per token, when the sampler records them
 
 
 def generate(
@@ -35,8 +41,13 @@ def generate(
     source: DraftSource | None = None,
     draft: int = 3,
     on_tokens: Callable[[list[int]], None] | None = None,
+    sampler: Sampler | None = None,
 ) -> Generation:
-    """Greedy generation of up to ``max_tokens`` tokens, speculating with ``source``."""
+    """Generation of up to ``max_tokens`` tokens, speculating with ``source``.
+
+    Greedy without a ``sampler`` (the backend's argmax, exactly as before sampling existed); with
+    one, every position's token is the sampler's choice from the logits the backend computed.
+    """
     source = source or NoDraft()
     if not prompt:
         raise ValueError("the prompt is empty: at least one token is needed to start decoding")
@@ -58,8 +69,12 @@ def generate(
     source.reset(prompt)
     c.draft_s += perf() - t0
 
+    # Only a sampler is passed on: backends and test doubles that predate sampling keep working.
+    kw = {} if sampler is None else {"sampler": sampler}
+    if sampler is not None:
+        sampler.reset()
     t0 = perf()
-    pending = backend.prefill(prompt)
+    pending = backend.prefill(prompt, **kw)
     c.prefill_s = perf() - t0
     out = [pending]
     stopped_by = "max_tokens"
@@ -85,14 +100,16 @@ def generate(
 
         n_before = backend.n_past
         t0 = perf()
-        argmax = backend.verify([pending, *drafted])
+        chosen = backend.verify([pending, *drafted], **kw)
         c.decode_s += perf() - t0
         c.decodes += 1
 
+        # chosen[i] is the model's token after feeding position n_before + i; a backend may stop
+        # after the first one that rejects its draft, which is as far as this reads.
         accepted = 0
-        while accepted < len(drafted) and drafted[accepted] == argmax[accepted]:
+        while accepted < len(drafted) and drafted[accepted] == chosen[accepted]:
             accepted += 1
-        new = drafted[:accepted] + [argmax[accepted]]
+        new = drafted[:accepted] + [chosen[accepted]]
         # Stop at the first end-of-generation token even inside an accepted draft.
         for i, t in enumerate(new[:-1]):
             if backend.is_eog(t):
@@ -116,4 +133,8 @@ def generate(
 
     c.generated_tokens = len(out)
     probe.finish(c)
-    return Generation(tokens=out, counters=c, stopped_by=stopped_by)
+    logprobs = None
+    if sampler is not None and sampler.logprobs is not None:
+        logprobs = [sampler.recorded[len(prompt) + j] for j in range(len(out))]
+    return Generation(tokens=out, counters=c, stopped_by=stopped_by,
+                      seed=None if sampler is None else sampler.seed, logprobs=logprobs)

@@ -3,7 +3,9 @@
 The high-level ``Llama`` object is used only to load the model and for its tokenizer; decoding goes
 through the C API directly so that a verify step is exactly one ``llama_decode`` of ``1 + N``
 tokens with logits requested for every position, and a rejected draft is undone with
-``llama_memory_seq_rm``. Argmax is taken here, in numpy, over the logits rows llama.cpp returns.
+``llama_memory_seq_rm``. Argmax is taken here, in numpy, over the logits rows llama.cpp returns;
+under sampling, the :class:`~promptlookup.sampling.Sampler` reads the same rows in place (no copy of
+the logits unless a penalty is applied).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from promptlookup.backends.base import BackendError
+from promptlookup.sampling import Sampler
 
 DEFAULT_N_CTX = 4096
 DEFAULT_N_BATCH = 512
@@ -76,6 +79,7 @@ class LlamaCppBackend:
         self.n_batch = n_batch = min(n_batch, int(llama_cpp.llama_n_batch(self._ctx)),
                                      int(llama_cpp.llama_n_ubatch(self._ctx)))
         self.n_past = 0
+        self._ids: list[int] = []  # the tokens in the cache, for the sampler's penalties
         self.record_logits = record_logits
         self.recorded: list[tuple[int, np.ndarray]] = []  # (position, logits row) when recording
 
@@ -158,8 +162,8 @@ class LlamaCppBackend:
         return fmt(messages=messages).prompt
 
     # -- decoding -------------------------------------------------------------------------
-    def _decode(self, ids: Sequence[int], want: str) -> np.ndarray:
-        """Decode ``ids`` at ``n_past..``; return argmax of the last row or of every row."""
+    def _decode(self, ids: Sequence[int], want: str, sampler: Sampler | None = None) -> list[int]:
+        """Decode ``ids`` at ``n_past..``; return the choice after the last token or after each."""
         m = len(ids)
         if m == 0:
             raise BackendError("nothing to decode")
@@ -169,7 +173,12 @@ class LlamaCppBackend:
             )
         for t in ids:
             self.check_token(t)
-        result: list[np.ndarray] = []
+        if sampler is not None and sampler.argmax_only:
+            sampler = None
+        del self._ids[self.n_past :]
+        self._ids.extend(int(t) for t in ids)
+        result: list[int] = []
+        stopped = False  # the sampler stopped at a rejected draft: later rows are never read
         for start in range(0, m, self.n_batch):
             chunk = ids[start : start + self.n_batch]
             c = len(chunk)
@@ -184,6 +193,7 @@ class LlamaCppBackend:
             self._batch.n_tokens = c
             rc = self._lib.llama_decode(self._ctx, self._batch)
             if rc != 0:
+                del self._ids[self.n_past :]
                 raise BackendError(f"llama_decode failed with code {rc} at position {self.n_past}")
             n_rows = c if want == "all" else int(last_chunk)
             if n_rows:
@@ -192,18 +202,26 @@ class LlamaCppBackend:
                 if self.record_logits:
                     first = self.n_past + (c - n_rows)
                     self.recorded.extend((first + i, rows[i].copy()) for i in range(n_rows))
-                result.append(rows.argmax(axis=1))
+                if sampler is None:
+                    result.extend(int(t) for t in rows.argmax(axis=1))
+                elif not stopped:  # rows predict the positions after the last n_rows tokens fed
+                    at = self.n_past + c - n_rows + 1
+                    chosen = sampler.sample_rows(rows, self._ids, at)
+                    result.extend(chosen)
+                    last = at + len(chosen) - 1
+                    stopped = last < len(self._ids) and self._ids[last] != chosen[-1]
             self.n_past += c
-        return np.concatenate(result)
+        return result
 
-    def prefill(self, ids: Sequence[int]) -> int:
+    def prefill(self, ids: Sequence[int], sampler: Sampler | None = None) -> int:
         self._lib.llama_memory_clear(self._mem, True)
         self.n_past = 0
+        self._ids = []
         self.recorded.clear()
-        return int(self._decode(ids, want="last")[-1])
+        return self._decode(ids, want="last", sampler=sampler)[-1]
 
-    def verify(self, ids: Sequence[int]) -> list[int]:
-        return [int(t) for t in self._decode(ids, want="all")]
+    def verify(self, ids: Sequence[int], sampler: Sampler | None = None) -> list[int]:
+        return self._decode(ids, want="all", sampler=sampler)
 
     def rollback(self, n_keep: int) -> None:
         if not 0 <= n_keep <= self.n_past:
@@ -213,6 +231,7 @@ class LlamaCppBackend:
             if not ok:
                 raise BackendError(f"llama_memory_seq_rm refused to drop positions {n_keep}..")
             self.n_past = n_keep
+            del self._ids[n_keep:]
 
     def close(self) -> None:
         if getattr(self, "_batch", None) is not None:

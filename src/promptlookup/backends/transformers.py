@@ -8,7 +8,8 @@ to fp32). Nothing is fetched from a hub: ``local_files_only`` is always set.
 
 The KV cache is one ``DynamicCache``; rollback crops it (``crop`` takes a negative count of tokens
 to drop, which both transformers 4.x and 5.x read the same way). Argmax is taken in torch, so only
-ids cross into Python.
+ids cross into Python; under sampling the kept logits rows are viewed as numpy arrays (no copy on
+the CPU) and handed to the :class:`~promptlookup.sampling.Sampler`.
 
 Padding short verify batches. On this CPU (2 threads, torch 2.13 CPU build, SmolLM2-135M fp32,
 128 tokens of context) the cost of one forward is not monotone in its width: widths whose remainder
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from promptlookup.backends.base import BackendError
+from promptlookup.sampling import Sampler
 
 DEFAULT_N_CTX = 4096
 PREFILL_CHUNK = 512
@@ -166,6 +168,7 @@ class TransformersBackend:
         limit = getattr(cfg, "max_position_embeddings", None) or n_ctx
         self.n_ctx = min(n_ctx, int(limit))
         self.n_past = 0
+        self._ids: list[int] = []  # the tokens in the cache, for the sampler's penalties
 
     def _eog_ids(self) -> frozenset[int]:
         ids: set[int] = set()
@@ -242,13 +245,23 @@ class TransformersBackend:
         return str(self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
 
     # -- decoding -------------------------------------------------------------------------
-    def _forward(self, ids: Sequence[int], logits_to_keep: int) -> Any:
+    def _forward(self, ids: Sequence[int], logits_to_keep: int, n_real: int | None = None,
+                 sampler: Sampler | None = None) -> list[int]:
+        """One forward; the choice after each kept position (of the first ``n_real`` fed tokens)."""
         torch = self._torch
         with torch.inference_mode():
             out = self.model(input_ids=torch.tensor([list(ids)], dtype=torch.long, device=self._device),
                              use_cache=True,
                              logits_to_keep=logits_to_keep, **{self._cache_kw: self._cache})
-            return out.logits[0].argmax(dim=-1)
+            logits = out.logits[0]
+            n_real = len(ids) if n_real is None else n_real
+            n_rows = min(logits.shape[0], n_real)
+            if sampler is None or sampler.argmax_only:
+                return logits[:n_rows].argmax(dim=-1).tolist()
+            # kept rows are the last one (prefill) or every one, padding last: the first n_rows
+            # predict the positions after the last n_rows real tokens fed
+            rows = logits[:n_rows].float().cpu().numpy()
+            return sampler.sample_rows(rows, self._ids, self.n_past + n_real - n_rows + 1)
 
     def _check(self, ids: Sequence[int]) -> None:
         if not ids:
@@ -259,28 +272,36 @@ class TransformersBackend:
         for t in ids:
             self.check_token(t)
 
-    def prefill(self, ids: Sequence[int]) -> int:
+    def prefill(self, ids: Sequence[int], sampler: Sampler | None = None) -> int:
         self._cache = self._cache_cls()
         self.n_past = 0
         self._check(ids)
+        self._ids = [int(t) for t in ids]
         last = -1
         for start in range(0, len(ids), PREFILL_CHUNK):
             chunk = ids[start : start + PREFILL_CHUNK]
-            last = int(self._forward(chunk, logits_to_keep=1)[-1])
+            final = start + len(chunk) == len(ids)
+            if final:
+                last = int(self._forward(chunk, logits_to_keep=1, sampler=sampler)[-1])
+            else:
+                self._forward(chunk, logits_to_keep=1)
             self.n_past += len(chunk)
         return last
 
-    def verify(self, ids: Sequence[int]) -> list[int]:
+    def verify(self, ids: Sequence[int], sampler: Sampler | None = None) -> list[int]:
         self._check(ids)
         m = len(ids)
+        del self._ids[self.n_past :]
+        self._ids.extend(int(t) for t in ids)
         width = self.pad_to.get(m, m)
         if width > m and self.n_past + width <= self.n_ctx:
-            argmax = self._forward([*ids, *[ids[-1]] * (width - m)], logits_to_keep=0)[:m].tolist()
+            chosen = self._forward([*ids, *[ids[-1]] * (width - m)], logits_to_keep=0, n_real=m,
+                                   sampler=sampler)
             self._cache.crop(m - width)
         else:
-            argmax = self._forward(ids, logits_to_keep=0).tolist()
+            chosen = self._forward(ids, logits_to_keep=0, sampler=sampler)
         self.n_past += m
-        return [int(t) for t in argmax]
+        return [int(t) for t in chosen]
 
     def rollback(self, n_keep: int) -> None:
         if not 0 <= n_keep <= self.n_past:
@@ -290,6 +311,7 @@ class TransformersBackend:
         elif n_keep < self.n_past:
             self._cache.crop(n_keep - self.n_past)
         self.n_past = n_keep
+        del self._ids[n_keep:]
 
     def cached_length(self) -> int:
         """Positions the cache actually holds (equals ``n_past``; for tests)."""

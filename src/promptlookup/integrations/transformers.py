@@ -8,9 +8,9 @@ and device left alone), and returns what ``model.generate`` returns: one ``LongT
 prompt + new tokens, the end-of-generation token included where it stopped on one.
 
 Only the options that matter for one greedy sequence are taken; any other, or a value this loop
-cannot honour (a batch, padding, beams, sampling), is refused with an error naming it, never
-silently ignored. Sampling waits for the sampling-aware backends (branch ``sampling``); until they
-land, ``do_sample=True`` is refused.
+cannot honour (a batch, padding, beams, a logits processor), is refused with an error naming it,
+never silently ignored. ``do_sample=True`` samples through :mod:`promptlookup.sampling` (see
+:func:`_sampler`): speculative equals plain for the same ``seed``.
 
 Why no candidate generator for transformers' own assisted generation: ``generate`` picks its
 candidate generator inside the private ``GenerationMixin._get_candidate_generator`` (prompt lookup,
@@ -92,6 +92,26 @@ def _drafter(backend: Any, source: str | SourceSpec, draft: int | None, history:
     return Drafter(spec, k, backend.n_vocab, fingerprint=fingerprint, cost_curve=curve)
 
 
+def _sampler(gc: Any, temperature: float | None, top_p: float | None, top_k: int | None,
+             seed: int | None) -> Any:
+    """``do_sample=True`` as promptlookup's sampler (:mod:`promptlookup.sampling`): temperature, then
+    top-k and top-p as transformers defaults them (1.0, 50, 1.0; or the model's generation config),
+    no min-p or penalties. Its random stream is keyed by position, so a speculative run emits exactly
+    the tokens of a plain run with the same ``seed`` (fp32); it is not torch's random stream, so the
+    tokens differ from ``model.generate(do_sample=True)``'s, with the same distribution."""
+    from promptlookup.sampling import Sampler, SamplingParams
+
+    temp = temperature if temperature is not None else (getattr(gc, "temperature", None) or 1.0)
+    if temp <= 0:
+        raise UnsupportedGenerationOption(f"temperature={temp!r} with do_sample=True: it must be > 0 "
+                                          "(do_sample=False decodes greedily)")
+    k = top_k if top_k is not None else getattr(gc, "top_k", None)
+    p = top_p if top_p is not None else getattr(gc, "top_p", None)
+    params = SamplingParams(temp=float(temp), top_k=50 if k is None else int(k),
+                            top_p=1.0 if p is None else float(p), min_p=0.0)
+    return Sampler(params, seed=seed)
+
+
 def _eos_ids(model: Any, eos_token_id: int | Sequence[int] | None) -> list[int]:
     src = model.generation_config.eos_token_id if eos_token_id is None else eos_token_id
     if src is None:
@@ -103,14 +123,17 @@ def generate(model: Any, input_ids: Any, *, max_new_tokens: int | None = None,
              eos_token_id: int | Sequence[int] | None = None, attention_mask: Any = None,
              do_sample: bool | None = None, temperature: float | None = None, top_p: float | None = None,
              top_k: int | None = None, pad_token_id: int | None = None,
-             source: str | SourceSpec | Drafter = "suffix", draft: int | None = None,
+             seed: int | None = None, source: str | SourceSpec | Drafter | None = "suffix",
+             draft: int | None = None,
              history: str | os.PathLike[str] | None = None, corpus: str | os.PathLike[str] | None = None,
              tokenizer: Any = None, **kwargs: Any) -> Any:
-    """``model.generate`` for one sequence, speculating with a promptlookup source; greedy output.
+    """``model.generate`` for one sequence, speculating with a promptlookup source.
 
     ``input_ids`` is a ``(1, n)`` (or ``(n,)``) LongTensor; ``attention_mask``, if given, must be all
     ones (one sequence has no padding). ``max_new_tokens``, ``eos_token_id`` default to the model's
-    generation config, as in ``model.generate``. ``source`` is a spec (``"suffix"``, ``"ngram"``,
+    generation config, as in ``model.generate``. ``do_sample``/``temperature``/``top_p``/``top_k`` and
+    ``seed`` sample through promptlookup's sampler (see :func:`_sampler`). ``source`` is ``None``
+    (plain decoding), a spec (``"suffix"``, ``"ngram"``,
     ``"auto:curve=F"``) or a :func:`make_drafter` result kept across calls; ``history``/``corpus``
     are suffix files (they need ``tokenizer=``, to check them against it). A ``history`` given here
     is loaded, then saved back after the call, like the CLI's ``--suffix-history``.
@@ -123,15 +146,13 @@ def generate(model: Any, input_ids: Any, *, max_new_tokens: int | None = None,
             raise UnsupportedGenerationOption(f"generate option {key}={value!r} is not supported by "
                                               "promptlookup.integrations.transformers.generate")
     gc = model.generation_config
-    sample = gc.do_sample if do_sample is None else do_sample
-    if sample:
-        raise UnsupportedGenerationOption(
-            "do_sample=True is not supported yet: exact speculative sampling needs the sampling-aware "
-            "backends (promptlookup.sampling, not merged); pass do_sample=False for greedy")
-    for key, value in (("temperature", temperature), ("top_p", top_p), ("top_k", top_k)):
-        if value is not None:
-            raise UnsupportedGenerationOption(f"{key}={value!r} only applies with do_sample=True, which is "
-                                              "not supported yet (greedy decoding only)")
+    sampler = None
+    if gc.do_sample if do_sample is None else do_sample:
+        sampler = _sampler(gc, temperature, top_p, top_k, seed)
+    else:
+        for key, value in (("temperature", temperature), ("top_p", top_p), ("top_k", top_k), ("seed", seed)):
+            if value is not None:
+                raise UnsupportedGenerationOption(f"{key}={value!r} only applies with do_sample=True")
     ids = torch.as_tensor(input_ids)
     if ids.dim() == 1:
         ids = ids.unsqueeze(0)
@@ -153,14 +174,20 @@ def generate(model: Any, input_ids: Any, *, max_new_tokens: int | None = None,
         raise UsageError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     eos = _eos_ids(model, eos_token_id)
     backend = _backend(model, eos, max(len(prompt) + max_new_tokens + 1, 1024), tokenizer)  # room for a curve
-    if isinstance(source, Drafter):
+    if source is None:  # plain decoding, the baseline
+        if history is not None or corpus is not None or draft is not None:
+            raise UsageError("history=, corpus= and draft= need a source (source=None decodes plainly)")
+        drafter, own = None, False
+    elif isinstance(source, Drafter):
         if history is not None or corpus is not None or draft is not None:
             raise UsageError("history=, corpus= and draft= belong to make_drafter when source is a Drafter")
         drafter, own = source, False
     else:
         drafter, own = _drafter(backend, source, draft, history, corpus), True
-    out = speculate.generate(backend, prompt, max_new_tokens, source=drafter, draft=drafter.k)
-    drafter.accepted_tokens += out.counters.accepted_tokens
+    out = speculate.generate(backend, prompt, max_new_tokens, source=drafter,
+                             draft=drafter.k if drafter is not None else 1, sampler=sampler)
+    if drafter is not None:
+        drafter.accepted_tokens += out.counters.accepted_tokens
     if own:
         drafter.save()
     new = torch.tensor([out.tokens], dtype=ids.dtype, device=ids.device)

@@ -133,10 +133,13 @@ def oracle_speedup(backend, requests: Sequence[Sequence[int]], outputs: Sequence
 
 
 def run_bench(backend, workloads: dict[str, list[list[int]]], cells: Sequence[Cell], repeat: int,
-              n_predict: int, progress: Callable[[str], None] | None = None
-              ) -> tuple[list[CellRun], dict[str, float]]:
+              n_predict: int, progress: Callable[[str], None] | None = None,
+              make_sampler: Callable[[], Any] | None = None) -> tuple[list[CellRun], dict[str, float]]:
     """Run every (workload, cell) ``repeat`` times, alternating cells within each round; also return
     each workload's oracle speedup on its first plain output.
+
+    ``make_sampler`` gives each request a fresh sampler (same settings and seed for every cell, so a
+    speculated cell's "identical" compares it with plain sampling at that seed); None is greedy.
 
     A workload is a list of requests run in order on one source (committed between requests);
     the reported counters and tokens are the last request's.
@@ -165,7 +168,8 @@ def run_bench(backend, workloads: dict[str, list[list[int]]], cells: Sequence[Ce
                 outputs = []
                 t0 = time.perf_counter()
                 for i, prompt in enumerate(requests):
-                    gen = generate(backend, prompt, n_predict, source=source, draft=draft)
+                    gen = generate(backend, prompt, n_predict, source=source, draft=draft,
+                                   sampler=make_sampler() if make_sampler else None)
                     outputs.append(gen.tokens)
                     if i < len(requests) - 1 and source is not None:
                         source.commit()

@@ -36,12 +36,13 @@ class TextBackend:
         # Past the end of the text there is nothing to predict; any token will do (never emitted).
         return self.stream[pos + 1] if pos + 1 < len(self.stream) else -1
 
-    def prefill(self, ids: Sequence[int]) -> int:
+    # A sampler is accepted and ignored: the text is what this "model" says, at any temperature.
+    def prefill(self, ids: Sequence[int], sampler: object = None) -> int:
         self.n_past = len(ids)
         self.widths = []
         return self._next(self.n_past - 1)
 
-    def verify(self, ids: Sequence[int]) -> list[int]:
+    def verify(self, ids: Sequence[int], sampler: object = None) -> list[int]:
         start = self.n_past
         self.n_past += len(ids)
         self.widths.append(len(ids))
