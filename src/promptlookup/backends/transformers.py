@@ -124,10 +124,44 @@ class TransformersBackend:
                     str(directory), dtype=getattr(torch, dtype), **kwargs).eval()
         except (OSError, ValueError, ImportError, RuntimeError, KeyError) as exc:
             raise BackendError(f"transformers could not load {self.model_path}: {exc}") from exc
+        self._device = None
+        self._bind_model(transformers, n_ctx)
+        self._eog = self._eog_ids()
+
+    @classmethod
+    def from_model(cls, model: Any, eos_token_ids: Sequence[int], n_ctx: int, tokenizer: Any = None,
+                   pad_to: Mapping[int, int] | None = None) -> TransformersBackend:
+        """Wrap a model the caller already loaded (no second copy, threads and device left as they are).
+
+        Why a separate constructor: the drop-in ``promptlookup.integrations.transformers.generate``
+        must stop exactly where ``model.generate`` stops, so the end-of-generation ids are the caller's
+        (``eos_token_ids``), not the extra turn-end texts :meth:`_eog_ids` adds for the CLI. Width
+        padding is a CPU measurement (module docstring), so it applies on CPU only by default.
+        ``tokenizer`` is needed only for :meth:`fingerprint` (checking history and corpus files)."""
+        torch, transformers = import_torch_transformers()
+        self = cls.__new__(cls)
+        self._torch = torch
+        self.model = model
+        self.tokenizer = tokenizer
+        self.model_path = Path(str(getattr(getattr(model, "config", None), "name_or_path", "") or "model"))
+        self.n_threads = torch.get_num_threads()
+        self._device = next(model.parameters()).device
+        if pad_to is None:
+            pad_to = DEFAULT_PAD_TO if self._device.type == "cpu" else {}
+        self.pad_to = dict(pad_to)
+        self._bind_model(transformers, n_ctx)
+        self._eog = frozenset(int(t) for t in eos_token_ids)
+        return self
+
+    def _bind_model(self, transformers: Any, n_ctx: int) -> None:
+        """Cache class, forward's cache keyword, vocabulary and context of ``self.model``."""
         self._cache_cls = transformers.DynamicCache
         # transformers 5 renamed forward's past_key_values to cache (the old name warns)
         params = inspect.signature(self.model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        if self._cache_kw not in params:
+            raise BackendError(f"{type(self.model).__name__}.forward takes no KV cache (neither cache= nor "
+                               "past_key_values=): speculative decoding needs one to verify and roll back")
         self._cache = self._cache_cls()
         cfg = self.model.config
         self.n_vocab = int(self.model.get_output_embeddings().weight.shape[0])
@@ -135,7 +169,6 @@ class TransformersBackend:
         self.n_ctx = min(n_ctx, int(limit))
         self.n_past = 0
         self._ids: list[int] = []  # the tokens in the cache, for the sampler's penalties
-        self._eog = self._eog_ids()
 
     def _eog_ids(self) -> frozenset[int]:
         ids: set[int] = set()
@@ -217,7 +250,8 @@ class TransformersBackend:
         """One forward; the choice after each kept position (of the first ``n_real`` fed tokens)."""
         torch = self._torch
         with torch.inference_mode():
-            out = self.model(input_ids=torch.tensor([list(ids)], dtype=torch.long), use_cache=True,
+            out = self.model(input_ids=torch.tensor([list(ids)], dtype=torch.long, device=self._device),
+                             use_cache=True,
                              logits_to_keep=logits_to_keep, **{self._cache_kw: self._cache})
             logits = out.logits[0]
             n_real = len(ids) if n_real is None else n_real
@@ -226,7 +260,7 @@ class TransformersBackend:
                 return logits[:n_rows].argmax(dim=-1).tolist()
             # kept rows are the last one (prefill) or every one, padding last: the first n_rows
             # predict the positions after the last n_rows real tokens fed
-            rows = logits[:n_rows].float().numpy()
+            rows = logits[:n_rows].float().cpu().numpy()
             return sampler.sample_rows(rows, self._ids, self.n_past + n_real - n_rows + 1)
 
     def _check(self, ids: Sequence[int]) -> None:

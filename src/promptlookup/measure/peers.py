@@ -67,13 +67,15 @@ class LlamaCppPeer:
         self._vocab = llama_cpp.llama_model_get_vocab(self.llama.model)
 
     def run(self, prompt: Sequence[int], max_tokens: int, num_pred_tokens: int,
-            max_ngram_size: int = 2) -> PeerRun:
+            max_ngram_size: int = 2, draft_model: Any = None, name: str | None = None) -> PeerRun:
+        """``draft_model`` (any ``LlamaDraftModel``, e.g. our drop-in) replaces the prompt lookup."""
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
         llama = self.llama
-        llama.draft_model = (LlamaPromptLookupDecoding(max_ngram_size=max_ngram_size,
-                                                       num_pred_tokens=num_pred_tokens)
-                             if num_pred_tokens > 0 else None)
+        if draft_model is None and num_pred_tokens > 0:
+            draft_model = LlamaPromptLookupDecoding(max_ngram_size=max_ngram_size,
+                                                    num_pred_tokens=num_pred_tokens)
+        llama.draft_model = draft_model
         llama.reset()  # n_tokens = 0: no KV prefix reuse from the previous run
         evals = 0
         original_eval = llama.eval
@@ -98,7 +100,7 @@ class LlamaCppPeer:
         finally:
             wall = time.perf_counter() - t0
             del llama.eval
-        return PeerRun(f"llama-cpp-python pld {num_pred_tokens}", out, first, wall, max(evals - 1, 0))
+        return PeerRun(name or f"llama-cpp-python pld {num_pred_tokens}", out, first, wall, max(evals - 1, 0))
 
     def close(self) -> None:
         self.llama.close()
