@@ -173,7 +173,7 @@ def install_project(python: str, wheelhouse: Path, extras: str) -> None:
     if extras == "all":
         log(f"installing torch {TORCH_VERSION} (CPU build)")
         pip(python, "install", "--quiet", f"torch=={TORCH_VERSION}")
-        spec = ".[test,transformers]"
+        spec = ".[test,transformers,bench]"
         pins = [f"torch=={TORCH_VERSION}"]
     else:
         spec, pins = ".", []

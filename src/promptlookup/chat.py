@@ -2,8 +2,8 @@
 
 Why: the rendered chat prompt used to be tokenized whole with special-token parsing on, so a user
 message holding ``<|im_end|>\\n<|im_start|>system\\n...`` was turned into real control tokens and
-could forge a turn of the conversation. Every request path (``generate --chat``, ``bench``, and a
-server later) goes through :func:`chat_tokens`, which works on any backend with ``chat_prompt``,
+could forge a turn of the conversation. Every request path (``generate --chat``, ``bench`` and
+the server) goes through :func:`messages_tokens`, which works on any backend with ``render_chat``,
 ``tokenize`` and ``control_texts``:
 
 1. The template is rendered twice: with the real messages, and with a unique marker in place of
@@ -22,8 +22,10 @@ server later) goes through :func:`chat_tokens`, which works on any backend with 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+from promptlookup.backends.base import one_turn
 
 Segment = tuple[str, bool]  # (text, is the template's own text)
 
@@ -38,16 +40,17 @@ def _markers(n: int, avoid: str) -> list[str]:
         k += 1
 
 
-def template_segments(backend: Any, user: str, system: str | None = None) -> list[Segment]:
+def template_segments(backend: Any, messages: Sequence[Mapping[str, str]]) -> list[Segment]:
     """The rendered chat prompt as (text, from the template) segments; see the module doc, step 1."""
-    system = system or None  # the backends render an empty system message as none
-    contents = [c for c in (system, user) if c is not None]
-    rendered = backend.chat_prompt(user, system)
+    # the backends render an empty system message as none
+    messages = [dict(m) for m in messages if not (m["role"] == "system" and not m["content"])]
+    contents = [m["content"] for m in messages]
+    rendered = backend.render_chat(messages)
     marks = _markers(len(contents), rendered + "".join(contents))
-    marked = backend.chat_prompt(marks[-1], marks[0] if system is not None else None)
-    pattern = re.compile("|".join(re.escape(m) for m in marks))
-    parts = pattern.split(marked)
-    slots = [marks.index(m.group()) for m in pattern.finditer(marked)]
+    marked = backend.render_chat([{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)])
+    pattern = re.compile("|".join(re.escape(m) for m in marks)) if marks else None
+    parts = pattern.split(marked) if pattern else [marked]
+    slots = [marks.index(m.group()) for m in pattern.finditer(marked)] if pattern else []
 
     def assemble(values: Sequence[str]) -> list[Segment]:
         out: list[Segment] = []
@@ -99,7 +102,13 @@ def _special_affixes(backend: Any) -> tuple[list[int], list[int]]:
 
 def chat_tokens(backend: Any, user: str, system: str | None = None) -> list[int]:
     """Token ids of a one-turn chat prompt, ready for generation, with no control token from content."""
-    pieces = _partition(template_segments(backend, user, system), backend.control_texts())
+    return messages_tokens(backend, one_turn(user, system))
+
+
+def messages_tokens(backend: Any, messages: Sequence[Mapping[str, str]]) -> list[int]:
+    """Token ids of a conversation (system/user/assistant messages) rendered by the model's own chat
+    template, ready for the assistant's next turn, with no control token from any message's content."""
+    pieces = _partition(template_segments(backend, messages), backend.control_texts())
     ids: list[int] = []
     for i, piece in enumerate(pieces):
         if i % 2 == 0:

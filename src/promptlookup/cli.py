@@ -298,19 +298,9 @@ def _read_prompt(args: argparse.Namespace) -> str:
 
 
 def _load_backend(args: argparse.Namespace):
-    from promptlookup.backends.models import resolve_model
+    from promptlookup.api import load_backend
 
-    if getattr(args, "backend", "llama.cpp") == "transformers":
-        from promptlookup.backends.transformers import TransformersBackend
-
-        path = Path(args.model) if args.model and Path(args.model).is_dir() else resolve_model(args.model)
-        return TransformersBackend(path, n_ctx=args.ctx_size, n_threads=args.threads)
-    from promptlookup.backends.doctor import ensure_build_checked
-    from promptlookup.backends.llama_cpp import LlamaCppBackend
-
-    path = resolve_model(args.model)
-    ensure_build_checked(path, args.threads)  # once per installed build, in a child process
-    return LlamaCppBackend(path, n_ctx=args.ctx_size, n_threads=args.threads)
+    return load_backend(args.model, getattr(args, "backend", "llama.cpp"), args.ctx_size, args.threads)
 
 
 # how each command's flags select a draft source (drafting/spec.py builds it from the rest of the flags)
@@ -327,9 +317,18 @@ def _generate_spec(args: argparse.Namespace):
     return SourceSpec.from_args(args, name, GENERATE_SOURCES)
 
 
+def _options(args: argparse.Namespace, sampler, speculate) -> dict:
+    """The request settings of ``generate``'s flags, with the sampler's (checked, maybe random) seed."""
+    p = sampler.params
+    return dict(max_tokens=args.n_predict, temperature=p.temp, top_k=p.top_k, top_p=p.top_p,
+                min_p=p.min_p, repeat_penalty=p.repeat_penalty, repeat_last_n=p.repeat_last_n,
+                presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
+                seed=sampler.seed, logprobs=sampler.logprobs, speculate=speculate)
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
-    from promptlookup.drafting.spec import Run, build_source, finish
-    from promptlookup.speculate import generate
+    from promptlookup.api import Engine
+    from promptlookup.backends.base import one_turn
     from promptlookup.textin import prompt_text
 
     if args.system is not None and not args.chat:
@@ -337,36 +336,38 @@ def cmd_generate(args: argparse.Namespace) -> int:
     spec = _generate_spec(args)  # every flag checked before the model loads
     if args.logprobs is not None and not args.json:
         raise UsageError("--logprobs needs --json")
+    history = spec.get("history")
+    budget = int(spec.get("budget")) if spec.get("budget") is not None else None
+    spec = spec.without("history", "budget")
     sampler = _sampling(args, args.logprobs)
+    opts = _options(args, sampler, spec)
     text = _read_prompt(args)
     system = prompt_text(args.system, "--system") if args.system is not None else None
-    backend = _load_backend(args)
-    if args.chat:
-        from promptlookup.chat import chat_tokens
-
-        ids = chat_tokens(backend, text, system)
-    else:
-        ids = backend.tokenize(text)
+    engine = Engine(args.model, getattr(args, "backend", "llama.cpp"), threads=args.threads,
+                    n_ctx=args.ctx_size, speculate=spec, history=history, history_budget=budget)
+    backend = engine.backend
+    ids = engine.chat_ids(one_turn(text, system)) if args.chat else engine.tokenize(text)
     if len(ids) >= backend.n_ctx:
         raise UsageError(
             f"the prompt is {len(ids)} tokens but the context holds {backend.n_ctx} "
             "(raise -c/--ctx-size or shorten it)"
         )
-    source = build_source(spec, Run.for_backend(backend))
-    draft = spec.draft if source is not None else args.draft
-    streamer = None if args.json else _TextStreamer(backend.detokenize)
-    result = generate(backend, ids, args.n_predict, source=source, draft=draft, on_tokens=streamer,
-                      sampler=sampler)
-    finish(spec, source)  # commit the request; save the history / dynamic cache the flags name
-    _print_generation(args, backend, ids, result, streamer, sampler,
-                      source if spec.name == "auto" else None)
+    if args.json:
+        result = engine.generate(ids, **opts)
+    else:
+        for chunk in engine.generate(ids, stream=True, **opts):
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+            result = chunk.completion
+        sys.stdout.write("\n")
+    engine.save_history()  # the history file the flags name: this run added to it
+    _print_generation(args, backend, ids, result, sampler,
+                      engine.source_for(spec) if spec.name == "auto" else None)
     return 0
 
 
-def _print_generation(args: argparse.Namespace, backend, ids: list[int], result, streamer, sampler,
-                      drafter) -> None:
-    """The output: JSON, or the rest of the streamed text and the report; ``--csv`` appends a row."""
-    out_text = backend.detokenize(result.tokens)
+def _print_generation(args: argparse.Namespace, backend, ids: list[int], result, sampler, drafter) -> None:
+    """The output: JSON, or the report after the streamed text; ``--csv`` appends a row."""
     c = result.counters
     if args.csv:
         with open(args.csv, "a", encoding="utf-8") as fh:
@@ -375,7 +376,7 @@ def _print_generation(args: argparse.Namespace, backend, ids: list[int], result,
     if args.json:
         obj = {
             "model": str(backend.model_path), "threads": backend.n_threads,
-            "prompt_tokens": len(ids), "tokens": result.tokens, "text": out_text,
+            "prompt_tokens": len(ids), "tokens": result.tokens, "text": result.text,
             "stopped_by": result.stopped_by, "counters": c.as_dict(),
             "sampling": {**sampler.params.as_dict(), "seed": sampler.seed},
         }
@@ -383,7 +384,6 @@ def _print_generation(args: argparse.Namespace, backend, ids: list[int], result,
             obj["logprobs"] = [_logprob_json(backend, lp) for lp in result.logprobs]
         print(json.dumps(obj))
         return
-    streamer.finish(out_text)
     for line in c.report_lines():
         print(line, file=sys.stderr)
     if not sampler.argmax_only:
@@ -396,33 +396,6 @@ def _logprob_json(backend, lp) -> dict:
     """One token's entry, shaped like OpenAI's logprobs.content[i] (ids beside the texts)."""
     return {"id": lp.token, "token": backend.detokenize([lp.token]), "logprob": lp.logprob,
             "top_logprobs": [{"id": t, "token": backend.detokenize([t]), "logprob": v} for t, v in lp.top]}
-
-
-class _TextStreamer:
-    """Prints the text as tokens are confirmed (outside the timed decode and draft spans).
-
-    The whole output is detokenized each time and only the new tail printed, holding back a
-    trailing replacement character: a multi-byte character split across tokens is printed once its
-    last byte has arrived.
-    """
-
-    def __init__(self, detokenize) -> None:
-        self.detokenize = detokenize
-        self.tokens: list[int] = []
-        self.printed = ""
-
-    def __call__(self, new: list[int]) -> None:
-        self.tokens.extend(new)
-        text = self.detokenize(self.tokens).rstrip("\ufffd")
-        if text.startswith(self.printed) and len(text) > len(self.printed):
-            sys.stdout.write(text[len(self.printed):])
-            sys.stdout.flush()
-            self.printed = text
-
-    def finish(self, full: str) -> None:
-        rest = full[len(self.printed):] if full.startswith(self.printed) else "\n" + full
-        sys.stdout.write(rest + "\n")
-        sys.stdout.flush()
 
 
 def _auto_report(drafter) -> str:

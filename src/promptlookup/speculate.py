@@ -12,7 +12,7 @@ exactly a plain decode, same batch, no rollback.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 
 from promptlookup.backends.base import Backend, BackendError
@@ -29,7 +29,7 @@ class Generation:
 
     tokens: list[int]
     counters: Counters
-    stopped_by: str  # "eos", "max_tokens" or "context"
+    stopped_by: str  # "eos", "max_tokens", "context" or "stop" (the consumer ended it)
     seed: int | None = None  # the sampler's seed (None: no sampler, greedy)
     logprobs: list[TokenLogprob] | None = field(default=None)  # per token, when the sampler records them
 
@@ -40,14 +40,40 @@ def generate(
     max_tokens: int,
     source: DraftSource | None = None,
     draft: int = 3,
-    on_tokens: Callable[[list[int]], None] | None = None,
+    on_tokens: Callable[[list[int]], bool | None] | None = None,
     sampler: Sampler | None = None,
+    keep: int = 0,
 ) -> Generation:
     """Generation of up to ``max_tokens`` tokens, speculating with ``source``.
 
     Greedy without a ``sampler`` (the backend's argmax, exactly as before sampling existed); with
     one, every position's token is the sampler's choice from the logits the backend computed.
+    ``on_tokens`` sees each step's confirmed tokens; returning True ends the generation there
+    (``stopped_by="stop"``: a stop string, a client gone, a time limit). ``keep``: cached prompt
+    positions to reuse (:meth:`~promptlookup.backends.base.Backend.prefill`).
     """
+    run = steps(backend, prompt, max_tokens, source, draft, sampler, keep)
+    try:
+        new = next(run)
+        while True:
+            new = run.send(bool(on_tokens(new)) if on_tokens else False)
+    except StopIteration as done:
+        return done.value
+
+
+def steps(
+    backend: Backend,
+    prompt: Sequence[int],
+    max_tokens: int,
+    source: DraftSource | None = None,
+    draft: int = 3,
+    sampler: Sampler | None = None,
+    keep: int = 0,
+) -> Generator[list[int], bool | None, Generation]:
+    """The loop as a generator: yields each step's confirmed tokens (the first one after the
+    prefill, then one to ``draft + 1`` per verify) and returns the :class:`Generation`. Sending True
+    ends it after the tokens just yielded; time the consumer spends is outside every timed span.
+    Streaming consumers (the public API, the server) drive it directly."""
     source = source or NoDraft()
     if not prompt:
         raise ValueError("the prompt is empty: at least one token is needed to start decoding")
@@ -61,7 +87,7 @@ def generate(
             "raise -c or shorten the prompt"
         )
 
-    c = Counters(source=source.name, prompt_tokens=len(prompt), draft_max=draft)
+    c = Counters(source=source.name, prompt_tokens=len(prompt), draft_max=draft, cached_tokens=keep)
     probe = ResourceProbe()
     perf = time.perf_counter
 
@@ -69,19 +95,22 @@ def generate(
     source.reset(prompt)
     c.draft_s += perf() - t0
 
-    # Only a sampler is passed on: backends and test doubles that predate sampling keep working.
+    # Only a sampler (and a kept prefix) is passed on: backends and test doubles that predate them
+    # keep working.
     kw = {} if sampler is None else {"sampler": sampler}
     if sampler is not None:
         sampler.reset()
     t0 = perf()
-    pending = backend.prefill(prompt, **kw)
+    pending = backend.prefill(prompt, **kw, **({"keep": keep} if keep else {}))
     c.prefill_s = perf() - t0
     out = [pending]
     stopped_by = "max_tokens"
-    if on_tokens:
-        on_tokens([pending])
+    stop = yield [pending]
 
     while True:
+        if stop:
+            stopped_by = "stop"
+            break
         if backend.is_eog(pending):
             stopped_by = "eos"
             break
@@ -128,8 +157,7 @@ def generate(
             c.draft_s += perf() - t0
         out.extend(new)
         pending = new[-1]
-        if on_tokens:
-            on_tokens(new)
+        stop = yield new
 
     c.generated_tokens = len(out)
     probe.finish(c)

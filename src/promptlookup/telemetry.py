@@ -19,6 +19,7 @@ class Counters:
     source: str = "off"
     draft_max: int = 0
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt positions reused from the previous request's cache (not decoded)
     generated_tokens: int = 0
     decodes: int = 0  # verify decodes after the prompt (one per step)
     drafted_steps: int = 0
@@ -76,6 +77,28 @@ class Counters:
         return d
 
     # -- renderings -------------------------------------------------------------------------
+    def timings(self) -> dict[str, float | int]:
+        """llama-server's ``timings`` object: prompt (the decoded part; ``cache_n`` reused) and
+        generation (verify and drafting time, the first token's prefill excluded)."""
+        prompt_n = self.prompt_tokens - self.cached_tokens
+        prompt_ms = self.prefill_s * 1000.0
+        predicted_n = self.generated_tokens
+        predicted_ms = (self.decode_s + self.draft_s) * 1000.0
+        return {
+            "cache_n": self.cached_tokens,
+            "prompt_n": prompt_n,
+            "prompt_ms": round(prompt_ms, 3),
+            "prompt_per_token_ms": round(prompt_ms / prompt_n, 3) if prompt_n else 0.0,
+            "prompt_per_second": round(prompt_n / self.prefill_s, 3) if self.prefill_s > 0 else 0.0,
+            "predicted_n": predicted_n,
+            "predicted_ms": round(predicted_ms, 3),
+            "predicted_per_token_ms": round(predicted_ms / predicted_n, 3) if predicted_n else 0.0,
+            "predicted_per_second": (round(predicted_n * 1000.0 / predicted_ms, 3)
+                                     if predicted_ms > 0 else 0.0),
+            "draft_n": self.drafted_tokens,
+            "draft_n_accepted": self.accepted_tokens,
+        }
+
     def report_lines(self) -> list[str]:
         s = self.source
         return [

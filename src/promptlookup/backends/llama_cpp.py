@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from promptlookup.backends.base import BackendError
+from promptlookup.backends.base import BackendError, check_keep, one_turn
 from promptlookup.sampling import Sampler
 
 DEFAULT_N_CTX = 4096
@@ -138,12 +138,17 @@ class LlamaCppBackend:
 
     def chat_prompt(self, user: str, system: str | None = None) -> str:
         """Render the model's own chat template for one user turn, ready for generation."""
+        return self.render_chat(one_turn(user, system))
+
+    def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
+        """Render the model's own chat template for ``messages`` (role/content), ready for the
+        assistant's next turn."""
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
         meta = self.metadata
         template = meta.get("tokenizer.chat_template")
         if not template:
-            raise BackendError(f"{self.model_path.name} has no chat template (--chat needs one)")
+            raise BackendError(f"{self.model_path.name} has no chat template (chat needs one)")
 
         def piece(key: str) -> str:
             tid = meta.get(key)
@@ -151,15 +156,15 @@ class LlamaCppBackend:
                 return ""
             return self._llama.detokenize([int(tid)], special=True).decode("utf-8", "replace")
 
-        messages = ([{"role": "system", "content": system}] if system else []) + [
-            {"role": "user", "content": user}
-        ]
         fmt = Jinja2ChatFormatter(
             template=template,
             eos_token=piece("tokenizer.ggml.eos_token_id"),
             bos_token=piece("tokenizer.ggml.bos_token_id"),
         )
-        return fmt(messages=messages).prompt
+        try:
+            return fmt(messages=[dict(m) for m in messages]).prompt
+        except Exception as exc:  # jinja2 raises TemplateError (and the template's own raise_exception)
+            raise BackendError(f"the chat template refused these messages: {exc}") from exc
 
     # -- decoding -------------------------------------------------------------------------
     def _decode(self, ids: Sequence[int], want: str, sampler: Sampler | None = None) -> list[int]:
@@ -213,11 +218,19 @@ class LlamaCppBackend:
             self.n_past += c
         return result
 
-    def prefill(self, ids: Sequence[int], sampler: Sampler | None = None) -> int:
+    @property
+    def tokens(self) -> list[int]:
+        return list(self._ids)
+
+    def prefill(self, ids: Sequence[int], sampler: Sampler | None = None, keep: int = 0) -> int:
+        check_keep(self._ids, ids, keep)
+        self.recorded.clear()
+        if keep:
+            self.rollback(keep)
+            return self._decode(ids[keep:], want="last", sampler=sampler)[-1]
         self._lib.llama_memory_clear(self._mem, True)
         self.n_past = 0
         self._ids = []
-        self.recorded.clear()
         return self._decode(ids, want="last", sampler=sampler)[-1]
 
     def verify(self, ids: Sequence[int], sampler: Sampler | None = None) -> list[int]:

@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from promptlookup.backends.base import BackendError
+from promptlookup.backends.base import BackendError, check_keep, one_turn
 from promptlookup.sampling import Sampler
 
 DEFAULT_N_CTX = 4096
@@ -237,12 +237,18 @@ class TransformersBackend:
 
     def chat_prompt(self, user: str, system: str | None = None) -> str:
         """Render the model's own chat template for one user turn, ready for generation."""
+        return self.render_chat(one_turn(user, system))
+
+    def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
+        """Render the model's own chat template for ``messages`` (role/content), ready for the
+        assistant's next turn."""
         if not self.tokenizer.chat_template:
-            raise BackendError(f"{self.model_path.name} has no chat template (--chat needs one)")
-        messages = ([{"role": "system", "content": system}] if system else []) + [
-            {"role": "user", "content": user}
-        ]
-        return str(self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+            raise BackendError(f"{self.model_path.name} has no chat template (chat needs one)")
+        try:
+            return str(self.tokenizer.apply_chat_template([dict(m) for m in messages], tokenize=False,
+                                                          add_generation_prompt=True))
+        except Exception as exc:  # jinja2's TemplateError and the template's own raise_exception
+            raise BackendError(f"the chat template refused these messages: {exc}") from exc
 
     # -- decoding -------------------------------------------------------------------------
     def _forward(self, ids: Sequence[int], logits_to_keep: int, n_real: int | None = None,
@@ -272,15 +278,24 @@ class TransformersBackend:
         for t in ids:
             self.check_token(t)
 
-    def prefill(self, ids: Sequence[int], sampler: Sampler | None = None) -> int:
-        self._cache = self._cache_cls()
-        self.n_past = 0
-        self._check(ids)
+    @property
+    def tokens(self) -> list[int]:
+        return list(self._ids)
+
+    def prefill(self, ids: Sequence[int], sampler: Sampler | None = None, keep: int = 0) -> int:
+        check_keep(self._ids, ids, keep)
+        if keep:
+            self.rollback(keep)
+        else:
+            self._cache = self._cache_cls()
+            self.n_past = 0
+        rest = ids[keep:]
+        self._check(rest)
         self._ids = [int(t) for t in ids]
         last = -1
-        for start in range(0, len(ids), PREFILL_CHUNK):
-            chunk = ids[start : start + PREFILL_CHUNK]
-            final = start + len(chunk) == len(ids)
+        for start in range(0, len(rest), PREFILL_CHUNK):
+            chunk = rest[start : start + PREFILL_CHUNK]
+            final = start + len(chunk) == len(rest)
             if final:
                 last = int(self._forward(chunk, logits_to_keep=1, sampler=sampler)[-1])
             else:

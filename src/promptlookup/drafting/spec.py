@@ -128,6 +128,19 @@ class SourceSpec:
         """This spec's options that ``keys`` declares too (what one source hands another)."""
         return tuple((k, v) for k, v in self.options if k in keys)
 
+    def with_settings(self, settings: Mapping[str, Any]) -> SourceSpec:
+        """This spec with each of ``settings`` (key -> value; None: unset) that its source declares and
+        the spec does not write itself: run-wide files (a corpus, a static cache) reach every source
+        that can use them."""
+        declared = options_of(self.name)
+        extra = tuple((k, str(v)) for k, v in settings.items()
+                      if v is not None and k in declared and self.get(k) is None)
+        return SourceSpec(self.name, self.options + extra, self.from_flags).check() if extra else self
+
+    def without(self, *keys: str) -> SourceSpec:
+        """This spec less the options ``keys`` (settings a caller takes over)."""
+        return SourceSpec(self.name, tuple((k, v) for k, v in self.options if k not in keys), self.from_flags)
+
     def check(self) -> SourceSpec:
         """Raise :class:`SpecError` unless every option is declared and in range; return self."""
         declared = options_of(self.name)
@@ -206,6 +219,9 @@ class Run:
     fingerprint: Callable[[], str]
     cost_curve: Callable[[], Any] | None = None
     verify: bool = False  # full body checks of static caches and corpus indexes at open
+    # one suffix history every source made from this run shares (the public API and the server keep
+    # one for all their requests); None: each source gets its own, from its spec's history= file
+    history: Any = None
     opened: dict[tuple[str, str], Any] = field(default_factory=dict)
     _fp: str | None = None
 

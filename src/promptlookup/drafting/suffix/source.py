@@ -43,7 +43,7 @@ import numpy as np
 from numba import njit
 
 from promptlookup.drafting.base import Draft
-from promptlookup.drafting.spec import DRAFT, Option, Run, SourceSpec
+from promptlookup.drafting.spec import DRAFT, Option, Run, SourceSpec, SpecError
 from promptlookup.drafting.suffix.automaton import (
     CNT,
     E_NEXT,
@@ -558,9 +558,10 @@ OPTIONS = {
 
 
 def factory(spec: SourceSpec, run: Run) -> Callable[[], SuffixSource]:
-    """The corpus index is opened once per run and shared. Each source gets its own history: from
-    ``history=FILE`` (a missing file starts an empty one that :func:`save` creates), else an empty
-    one in memory, so a run's later requests draft from its earlier ones."""
+    """The corpus index is opened once per run and shared. Each source gets the run's shared history
+    (:attr:`Run.history`) or its own: from ``history=FILE`` (a missing file starts an empty one that
+    :func:`save` creates), else an empty one in memory, so a run's later requests draft from its
+    earlier ones."""
     from pathlib import Path
 
     from promptlookup.drafting.suffix.corpus_index import open_index
@@ -572,8 +573,14 @@ def factory(spec: SourceSpec, run: Run) -> Callable[[], SuffixSource]:
                                             n_vocab=run.n_vocab, verify=run.verify))
               if corpus_path else None)
 
+    if run.history is not None and (history_path is not None or budget is not None):
+        raise SpecError(f"{spec.label}: this run keeps one history for every request; its file and "
+                        "budget are the run's settings, not the source's")
+
     def make() -> SuffixSource:
-        if history_path is not None and Path(history_path).exists():
+        if run.history is not None:
+            history = run.history
+        elif history_path is not None and Path(history_path).exists():
             history = History.load(history_path, fingerprint=run.tokenizer_fingerprint(), budget=budget)
         elif history_path is not None:
             history = History(budget=budget or DEFAULT_BUDGET, fingerprint=run.tokenizer_fingerprint())

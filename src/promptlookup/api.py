@@ -1,0 +1,417 @@
+"""The public Python API: load a model once, then generate from text, token ids or chat messages.
+
+Why one class: the CLI, the server and users all do the same things -- load a backend, build draft
+sources from a speculation setting, keep one suffix history across requests, reuse the cached prompt
+prefix, stop at stop strings, stream text as it is confirmed -- and each of them used to wire that by
+hand. :class:`Engine` does it once::
+
+    from promptlookup import Engine
+
+    engine = Engine()                                  # the bundled SmolLM2, llama.cpp, speculating
+    print(engine.generate("Repeat: the cat sat on the mat.", max_tokens=32).text)
+    for piece in engine.chat([{"role": "user", "content": "Hi!"}], stream=True):
+        print(piece.text, end="", flush=True)
+
+An engine serves one request at a time (one model context); concurrent callers wait on its lock.
+Every request's text joins the engine's suffix history, so later requests draft from earlier ones;
+a request whose prompt starts like the previous one's (a conversation re-sent with a new turn) decodes
+only what is new. Output is the model's own: speculation never changes a token at temperature 0, and
+under sampling each position's random number depends only on (seed, position).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from promptlookup.backends.base import common_prefix
+from promptlookup.drafting.spec import OFF, Run, SourceSpec, SpecError, save_state, source_factory
+from promptlookup.errors import InputError, UsageError
+from promptlookup.sampling import Sampler, SamplingParams, TokenLogprob
+from promptlookup.speculate import steps
+from promptlookup.telemetry import Counters
+from promptlookup.textout import TextTracker
+
+# What speculation does when nobody says: the best setting we measured (see the README's tables).
+DEFAULT_SPECULATE = "auto"
+ROLES = ("system", "developer", "user", "assistant")  # "developer" is OpenAI's newer name for system
+MAX_STOPS = 16  # stop strings per request (OpenAI allows 4; llama-server any)
+MAX_STOP_CHARS = 1000
+
+
+class RequestError(InputError):
+    """A request the engine cannot serve as asked (a bad message, a prompt too long, ...).
+
+    ``param`` names the request field at fault, for the server's error object."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass
+class Completion:
+    """One finished generation."""
+
+    text: str  # the generated text (ends before a stop string; no end-of-generation token text)
+    tokens: list[int]  # the generated ids (up to the token that completed a stop string)
+    prompt_tokens: int
+    finish_reason: str  # OpenAI's: "stop" (end of generation or a stop string) or "length"
+    stopped_by: str  # eos, stop (a stop string), max_tokens, context, time, cancelled
+    counters: Counters
+    speculate: str  # the draft source setting used ("off" for plain decoding)
+    seed: int | None = None  # the sampler's seed (repeat the request with it; unused when greedy)
+    stop: str | None = None  # the stop string that ended the text
+    logprobs: list[TokenLogprob] | None = None  # one per token in ``tokens`` when asked for
+    source_choices: dict[str, int] = field(default_factory=dict)  # auto: steps drafted by each source
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens reused from the previous request's cache instead of decoded again."""
+        return self.counters.cached_tokens
+
+    @property
+    def timings(self) -> dict[str, float | int]:
+        """llama-server's ``timings`` object for this generation."""
+        return self.counters.timings()
+
+
+@dataclass
+class Chunk:
+    """A piece of a streamed generation: new text and the step's tokens; the last one carries the
+    :class:`Completion`."""
+
+    text: str
+    tokens: list[int]
+    completion: Completion | None = None
+
+
+@dataclass(frozen=True)
+class Options:
+    """The per-request settings of :meth:`Engine.generate` and :meth:`Engine.chat`."""
+
+    max_tokens: int = 256
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = SamplingParams.top_k
+    top_p: float = SamplingParams.top_p
+    min_p: float = SamplingParams.min_p
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = SamplingParams.repeat_last_n
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: Sequence[str] | str | None = None
+    logprobs: int | None = None  # record each token's logprob and this many alternatives (0..20)
+    speculate: str | SourceSpec | None = None  # None: the engine's setting
+    timeout: float | None = None  # seconds; the generation ends (finish "length") when it runs out
+    cancelled: Callable[[], bool] | None = None  # polled once per step: True ends it (a client gone)
+
+    def sampler(self) -> Sampler:
+        params = SamplingParams(temp=self.temperature, top_k=self.top_k, top_p=self.top_p,
+                                min_p=self.min_p, repeat_penalty=self.repeat_penalty,
+                                repeat_last_n=self.repeat_last_n, presence_penalty=self.presence_penalty,
+                                frequency_penalty=self.frequency_penalty)
+        return Sampler(params, self.seed, logprobs=self.logprobs)
+
+    def stops(self) -> list[str]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
+        if len(stops) > MAX_STOPS:
+            raise RequestError(f"at most {MAX_STOPS} stop strings, got {len(stops)}", "stop")
+        for s in stops:
+            if not isinstance(s, str):
+                raise RequestError(f"a stop string must be text, got {type(s).__name__}", "stop")
+            if len(s) > MAX_STOP_CHARS:
+                raise RequestError(f"a stop string is at most {MAX_STOP_CHARS} characters, got {len(s)}",
+                                   "stop")
+        return stops
+
+
+def load_backend(model: str | Path | None = None, backend: str = "llama.cpp", n_ctx: int = 4096,
+                 threads: int | None = None) -> Any:
+    """A loaded backend: ``llama.cpp`` (a GGUF; the build is checked once per install) or
+    ``transformers`` (a GGUF dequantized to fp32, or a local model directory)."""
+    from promptlookup.backends.models import resolve_model
+
+    if backend == "transformers":
+        from promptlookup.backends.transformers import TransformersBackend
+
+        path = Path(model) if model and Path(model).is_dir() else resolve_model(model)
+        return TransformersBackend(path, n_ctx=n_ctx, n_threads=threads)
+    if backend != "llama.cpp":
+        raise UsageError(f"unknown backend {backend!r} (llama.cpp or transformers)")
+    from promptlookup.backends.doctor import ensure_build_checked
+    from promptlookup.backends.llama_cpp import LlamaCppBackend
+
+    path = resolve_model(model)
+    ensure_build_checked(path, threads)  # once per installed build, in a child process
+    return LlamaCppBackend(path, n_ctx=n_ctx, n_threads=threads)
+
+
+class Engine:
+    """A loaded model that generates, speculating by prompt lookup; see the module docstring.
+
+    ``speculate``: a draft source setting as in the CLI and bench (``"suffix"``, ``"ngram:draft=4"``,
+    ``"auto"``, ``"off"``). ``history``: a suffix history file, loaded now (a corrupt or foreign
+    file is refused) and written by :meth:`save_history`; ``history_budget`` its size in tokens
+    (the oldest requests go first). ``corpus`` (a ``promptlookup index`` file), ``lookup_static``
+    (a static cache) and ``cost_curve`` (auto's verify cost curve, JSON) reach every source that
+    can use them. ``reuse_prefix``: keep the cache of the prompt prefix shared with the previous
+    request.
+    """
+
+    def __init__(self, model: str | Path | None = None, backend: str = "llama.cpp", *,
+                 threads: int | None = None, n_ctx: int = 4096,
+                 speculate: str | SourceSpec = DEFAULT_SPECULATE, history: str | Path | None = None,
+                 history_budget: int | None = None, corpus: str | Path | None = None,
+                 lookup_static: str | Path | None = None, cost_curve: str | Path | None = None,
+                 reuse_prefix: bool = True) -> None:
+        settings = {"corpus": corpus, "static": lookup_static, "curve": cost_curve}
+        self._init_settings(speculate, history, history_budget, settings, reuse_prefix)
+        self.backend = load_backend(model, backend, n_ctx, threads)
+        self._bind()
+
+    @classmethod
+    def from_backend(cls, backend: Any, *, speculate: str | SourceSpec = DEFAULT_SPECULATE,
+                     history: str | Path | None = None, history_budget: int | None = None,
+                     corpus: str | Path | None = None, lookup_static: str | Path | None = None,
+                     cost_curve: str | Path | None = None, reuse_prefix: bool = True) -> Engine:
+        """An engine on a backend already loaded (a transformers model of the caller's, the replay
+        backend of tests and simulations)."""
+        self = cls.__new__(cls)
+        settings = {"corpus": corpus, "static": lookup_static, "curve": cost_curve}
+        self._init_settings(speculate, history, history_budget, settings, reuse_prefix)
+        self.backend = backend
+        self._bind()
+        return self
+
+    # -- set-up -----------------------------------------------------------------------------
+    def _init_settings(self, speculate, history, history_budget, settings, reuse_prefix) -> None:
+        if history_budget is not None and history_budget < 1:
+            raise UsageError(f"the history budget must be at least 1 token, got {history_budget}")
+        self._settings = {k: str(v) for k, v in settings.items() if v is not None}
+        self.history_path = Path(history) if history is not None else None
+        self._history_budget = history_budget
+        self.reuse_prefix = reuse_prefix
+        self._lock = threading.Lock()
+        self._sources: dict[str, Any] = {}
+        self._cache_valid = False  # the backend's cache is known to hold backend.tokens
+        self.requests = 0
+        self.default_spec = self.spec(speculate)  # flags are checked before any model loads
+
+    def _bind(self) -> None:
+        from promptlookup.drafting.suffix.history import DEFAULT_BUDGET, History
+
+        fp = self.backend.fingerprint()
+        budget = self._history_budget
+        if self.history_path is not None and self.history_path.exists():
+            history = History.load(self.history_path, fingerprint=fp, budget=budget)
+        else:
+            history = History(budget=budget or DEFAULT_BUDGET, fingerprint=fp)
+        self.history = history
+        self.run = Run.for_backend(self.backend)
+        self.run.history = history
+        self.source_for(self.default_spec)  # open its files (and measure auto's curve) now, not mid-request
+
+    def spec(self, speculate: str | SourceSpec | None) -> SourceSpec:
+        """The checked spec of a speculation setting, with the engine's files added where they apply."""
+        if speculate is None:
+            return self.default_spec
+        spec = speculate if isinstance(speculate, SourceSpec) else SourceSpec.parse(str(speculate))
+        for key in ("history", "budget"):
+            if spec.get(key) is not None:
+                raise SpecError(f"{spec.label!r}: the engine keeps one history for every request; "
+                                "set it with Engine(history=..., history_budget=...)")
+        return spec.with_settings(self._settings)
+
+    def source_for(self, spec: SourceSpec) -> Any:
+        """One source per setting, kept across requests (reset per request; what it learns stays)."""
+        if spec.name == OFF:
+            return None
+        if spec.label not in self._sources:
+            self._sources[spec.label] = source_factory(spec, self.run)()
+        return self._sources[spec.label]
+
+    # -- text ---------------------------------------------------------------------------------
+    @property
+    def n_ctx(self) -> int:
+        return int(self.backend.n_ctx)
+
+    @property
+    def model_name(self) -> str:
+        path = getattr(self.backend, "model_path", None)
+        return Path(path).name if path is not None else type(self.backend).__name__
+
+    def tokenize(self, text: str) -> list[int]:
+        """Text as token ids (with the model's BOS where it wants one); control-token texts stay text."""
+        return list(self.backend.tokenize(text))
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self.backend.detokenize(list(ids))
+
+    def chat_ids(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """A conversation as prompt ids through the model's own chat template; message content is
+        always text, never control tokens."""
+        from promptlookup.chat import messages_tokens
+
+        return messages_tokens(self.backend, check_messages(messages))
+
+    # -- generation ---------------------------------------------------------------------------
+    def generate(self, prompt: str | Sequence[int], *, stream: bool = False,
+                 **options: Any) -> Completion | Iterator[Chunk]:
+        """Generate from text or token ids. ``options`` are :class:`Options`' fields
+        (``max_tokens``, ``temperature``, ``stop``, ``seed``, ``speculate``, ...). Returns a
+        :class:`Completion`, or with ``stream=True`` an iterator of :class:`Chunk` whose last one
+        carries it."""
+        ids = self.tokenize(prompt) if isinstance(prompt, str) else self._check_ids(prompt)
+        return self._start(ids, Options(**options), stream)
+
+    def chat(self, messages: Sequence[Mapping[str, Any]], *, stream: bool = False,
+             **options: Any) -> Completion | Iterator[Chunk]:
+        """The assistant's next turn after ``messages`` (system/user/assistant, as OpenAI's)."""
+        return self._start(self.chat_ids(messages), Options(**options), stream)
+
+    def _check_ids(self, prompt: Sequence[int]) -> list[int]:
+        ids = []
+        n_vocab = int(self.backend.n_vocab)
+        for t in prompt:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < n_vocab:
+                raise RequestError(f"token ids must be integers in 0..{n_vocab - 1}, got {t!r}", "prompt")
+            ids.append(int(t))
+        return ids
+
+    def _start(self, ids: list[int], opts: Options, stream: bool) -> Completion | Iterator[Chunk]:
+        # Every setting is checked before the first token (and before a stream is handed out).
+        if not ids:
+            raise RequestError("the prompt is empty: at least one token is needed", "prompt")
+        if len(ids) >= self.n_ctx:
+            raise RequestError(f"the prompt is {len(ids)} tokens but the context holds {self.n_ctx}; "
+                               "shorten it or load the model with a larger context", "prompt")
+        if isinstance(opts.max_tokens, bool) or not isinstance(opts.max_tokens, int) or opts.max_tokens < 1:
+            raise RequestError(f"max_tokens must be an integer >= 1, got {opts.max_tokens!r}", "max_tokens")
+        spec = self.spec(opts.speculate)
+        sampler = opts.sampler()
+        stops = opts.stops()
+        chunks = self._run(ids, opts, spec, sampler, stops)
+        if stream:
+            return chunks
+        last = None
+        for last in chunks:  # noqa: B007 - the last chunk carries the completion
+            pass
+        assert last is not None and last.completion is not None
+        return last.completion
+
+    def _run(self, ids: list[int], opts: Options, spec: SourceSpec, sampler: Sampler,
+             stops: list[str]) -> Iterator[Chunk]:
+        with self._lock:
+            source = self.source_for(spec)
+            draft = spec.draft
+            choices_before = _choices(source)
+            keep = (common_prefix(self.backend.tokens, ids)
+                    if self.reuse_prefix and self._cache_valid else 0)
+            tracker = TextTracker(self.backend.detokenize, stops)
+            deadline = None if opts.timeout is None else time.monotonic() + opts.timeout
+            ended_by = None
+            self._cache_valid = False
+            loop = steps(self.backend, ids, opts.max_tokens, source, draft, sampler, keep)
+            try:
+                new = next(loop)
+                while True:
+                    piece = tracker.add(new)
+                    if tracker.stopped:
+                        ended_by = "stop"
+                    elif deadline is not None and time.monotonic() > deadline:
+                        ended_by = "time"
+                    elif opts.cancelled is not None and opts.cancelled():
+                        ended_by = "cancelled"
+                    if piece:
+                        yield Chunk(piece, list(new))
+                    new = loop.send(ended_by is not None)
+            except StopIteration as done:
+                gen = done.value
+            except GeneratorExit:  # the consumer stopped reading: the cache is still consistent
+                self._cache_valid = True
+                raise
+            self._cache_valid = True
+            self.requests += 1
+            if source is not None:
+                source.commit()  # this request joins the history (and lookup's dynamic cache)
+                save_state(spec, source)
+            stopped_by = ended_by or gen.stopped_by
+            n = len(tracker.tokens) if tracker.stopped else len(gen.tokens)
+            completion = Completion(
+                text=tracker.text, tokens=gen.tokens[:n], prompt_tokens=len(ids),
+                finish_reason="stop" if stopped_by in ("eos", "stop") else "length",
+                stopped_by=stopped_by, counters=gen.counters, speculate=spec.label,
+                seed=gen.seed, stop=tracker.stop,
+                logprobs=gen.logprobs[:n] if gen.logprobs is not None else None,
+                source_choices=_choice_delta(choices_before, _choices(source)))
+            yield Chunk(tracker.finish(), [], completion)
+
+    # -- memory -------------------------------------------------------------------------------
+    def save_history(self, path: str | Path | None = None) -> int | None:
+        """Write the suffix history atomically (to ``path`` or the engine's history file); returns
+        its size in bytes, or None when there is nowhere to write it."""
+        target = Path(path) if path is not None else self.history_path
+        if target is None:
+            return None
+        with self._lock:
+            return self.history.save(target)
+
+    def close(self) -> None:
+        close = getattr(self.backend, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def check_messages(messages: Any) -> list[dict[str, str]]:
+    """OpenAI-style chat messages as plain role/content pairs; text parts are joined, anything else
+    (images, tool calls) is refused with the message's index."""
+    if not isinstance(messages, Sequence) or isinstance(messages, str) or not messages:
+        raise RequestError("messages must be a non-empty list of {role, content} objects", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping):
+            raise RequestError(f"messages[{i}] must be an object with role and content", "messages")
+        role, content = m.get("role"), m.get("content")
+        if role not in ROLES:
+            raise RequestError(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}",
+                               "messages")
+        if isinstance(content, list):
+            parts = []
+            for j, part in enumerate(content):
+                if not (isinstance(part, Mapping) and part.get("type") == "text"
+                        and isinstance(part.get("text"), str)):
+                    raise RequestError(f"messages[{i}].content[{j}]: only text parts are supported",
+                                       "messages")
+                parts.append(part["text"])
+            content = "".join(parts)
+        if content is None and role == "assistant":
+            content = ""
+        if not isinstance(content, str):
+            raise RequestError(f"messages[{i}].content must be text, got {type(content).__name__}",
+                               "messages")
+        if "\x00" in content:
+            raise RequestError(f"messages[{i}].content holds a NUL character", "messages")
+        out.append({"role": "system" if role == "developer" else role, "content": content})
+    return out
+
+
+def _choices(source: Any) -> dict[str, int]:
+    """auto's count of steps drafted per source so far (empty for a fixed source)."""
+    from promptlookup.drafting.auto import AutoDrafter
+
+    return dict(source.calibration.per_source) if isinstance(source, AutoDrafter) else {}
+
+
+def _choice_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
