@@ -77,6 +77,10 @@ STATIC_MIN_TOTAL = 2  # llama.cpp: draft_min_sample_size_lax[LLAMA_NGRAM_STATIC 
 STATIC_MIN_PERCENT = 50  # llama.cpp: draft_min_percent_lax[LLAMA_NGRAM_STATIC - 1]
 
 
+# ``StaticCache.arrays``, the tuple the compiled draft takes, has its fields at these indices
+S_FIRST_OFF, S_KEY_SECOND, S_KEY_DRAFT, S_KEY_TOTAL, S_KEY_OFF, S_FOL_TOKEN, S_FOL_COUNT = range(7)
+
+
 class CacheFormatError(UserError, ValueError):
     """A cache file that cannot be used; the message names the file and the problem."""
 
@@ -124,7 +128,7 @@ class StaticCache:
 
     @property
     def arrays(self) -> tuple[np.ndarray, ...]:
-        """In the order the numba draft takes them."""
+        """The arrays as the numba draft takes them: one tuple, fields at the ``S_*`` indices."""
         return (self.first_off, self.key_second, self.key_draft, self.key_total, self.key_off,
                 self.fol_token, self.fol_count)
 
