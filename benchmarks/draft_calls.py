@@ -12,7 +12,8 @@ hour; a change to a kernel's signature or to how a ``Draft`` is built only needs
 
 Figures (medians of ``--runs``): us per ``propose(k)`` + ``extend(1)`` step after a ``--context``
 token prompt, for ``ngram``, ``lookup`` (empty and corpus-built static cache) and ``suffix``
-(with a history); and the lookup replay's us per drafted token (``replay_lookup``, the figure
+(with a history); us per ``propose(k)`` repeated on the final state (``... propose``: the fixed
+per-call cost, where a kernel signature or the ``Draft`` builder shows); and the lookup replay's us per drafted token (``replay_lookup``, the figure
 ``lookup_perf.py`` reports), with no static cache and with the corpus one.
 """
 
@@ -52,6 +53,22 @@ def per_step_us(make, prompt: np.ndarray, follow: np.ndarray, k: int) -> float:
     return 1e6 * (time.perf_counter() - t0) / len(steps)
 
 
+def propose_us(make, prompt: np.ndarray, follow: np.ndarray, k: int, calls: int = 20000) -> float:
+    """The fixed cost of one call: ``propose(k)`` again and again on one state (the best of 5, the
+    figure least moved by other work on a shared machine)."""
+    src = make()
+    src.reset(prompt.tolist())
+    src.extend(follow.tolist())
+    propose = src.propose
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            propose(k)
+        best = min(best, time.perf_counter() - t0)
+    return 1e6 * best / calls
+
+
 def main(argv: list[str] | None = None) -> int:
     from promptlookup.drafting.lookup.source import LookupSource
     from promptlookup.drafting.lookup.static_cache import build_static
@@ -88,12 +105,14 @@ def main(argv: list[str] | None = None) -> int:
         "suffix+history": with_history,
     }
     figures: dict[str, list[float]] = {name: [] for name in cases}
+    figures.update({f"{name} propose": [] for name in cases})
     figures["replay us/drafted"] = []
     figures["replay+static us/drafted"] = []
     for _ in range(args.runs):
         for name, make in cases.items():
             per_step_us(make, prompt[:1000], follow[:200], args.draft)  # warm: compile or load caches
             figures[name].append(per_step_us(make, prompt, follow, args.draft))
+            figures[f"{name} propose"].append(propose_us(make, prompt, follow, args.draft))
         for key, st in (("replay us/drafted", None), ("replay+static us/drafted", static)):
             r = replay_lookup(text[:200_000], 4096, args.draft, static=st)
             figures[key].append(1e6 * r.t_draft_s / max(1, r.n_drafted))

@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from numba import njit
 
-from promptlookup.drafting.base import Draft
+from promptlookup.drafting.base import Draft, TokenBuffer, make_draft
 from promptlookup.drafting.lookup.cache import (
     NGRAM_MAX,
     NGRAM_STATIC,
@@ -301,7 +301,7 @@ def draft_fast(seq: Sequence[int], k: int, context: NgramCache | None = None,
     return [int(t) for t in buf[len(seq) : len(seq) + d]]
 
 
-class LookupSource:
+class LookupSource(TokenBuffer):
     """``--lookup``: a DraftSource over the context cache (built here), a dynamic and a static cache.
 
     ``commit()`` merges the context cache into the dynamic one and empties it: llama.cpp does this at
@@ -311,22 +311,11 @@ class LookupSource:
     name = "lookup"
 
     def __init__(self, static: StaticCache | None = None, dynamic: NgramCache | None = None) -> None:
+        super().__init__()
         self.static = static if static is not None else empty_static()
         self.dynamic = dynamic if dynamic is not None else NgramCache(16)
         self.context = NgramCache()
-        self._buf = np.zeros(1024, dtype=np.int32)
-        self._n = 0
         self._info = np.zeros(4, dtype=np.int64)
-
-    @property
-    def tokens(self) -> np.ndarray:
-        return self._buf[: self._n]
-
-    def _room(self, m: int) -> None:
-        if m > len(self._buf):
-            grown = np.zeros(max(2 * len(self._buf), m), dtype=np.int32)
-            grown[: self._n] = self._buf[: self._n]
-            self._buf = grown
 
     def reset(self, prompt: Sequence[int]) -> None:
         self.context.clear()
@@ -337,25 +326,20 @@ class LookupSource:
         m = len(tokens)
         if not m:
             return
-        self._room(self._n + m)
-        self._buf[self._n : self._n + m] = tokens
-        self._n += m
+        self._append(tokens)
         self.context.update(self._buf, nnew=m, n=self._n)
 
     def propose(self, k: int) -> Draft:
         if k <= 0:
-            return Draft(source=self.name)
+            return make_draft((), self.name)
         self._room(self._n + k)
         self._info[:] = 0
         d = draft_into(self._buf, self._n, k, self.context, self.dynamic, self.static, self._info)
-        origin, size, count, total = (int(x) for x in self._info)
-        return Draft(
-            tokens=tuple(int(t) for t in self._buf[self._n : self._n + d]),
-            source=self.name,
-            match_len=size,
-            features={"origin": float(origin), "count": float(count), "total": float(total)}
-            if d else {},
-        )
+        if not d:  # nothing drafted: info stays zero
+            return make_draft((), self.name)
+        origin, size, count, total = self._info.tolist()
+        return make_draft(tuple(self._buf[self._n : self._n + d].tolist()), self.name, size,
+                          {"origin": float(origin), "count": float(count), "total": float(total)})
 
     def commit(self) -> None:
         self.dynamic.merge(self.context)

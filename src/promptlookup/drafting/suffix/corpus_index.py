@@ -57,6 +57,10 @@ assert HEADER.size == 128
 DEFAULT_MAX_MATCH = 32  # longest context suffix searched in the corpus
 
 
+# ``CorpusIndex.arrays``, the tuple the drafting kernel takes, has its arrays at these indices
+X_TOKENS, X_SA, X_BUCKETS = range(3)
+
+
 class CorpusIndexError(UserError, ValueError):
     """A corpus index file that is not ours, not for this tokenizer, truncated or corrupt."""
 
@@ -191,8 +195,14 @@ class CorpusIndex:
     def n_tokens(self) -> int:
         return len(self.tokens)
 
+    @property
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The arrays as the drafting kernel takes them: one tuple, fields at the ``X_*`` indices."""
+        return (self.tokens, self.sa, self.buckets)
+
     def close(self) -> None:
-        self.tokens = self.sa = np.zeros(0, np.int32)
+        # empty arrays of the same types: a source holding a compiled build for them stays sound
+        self.tokens, self.sa = _emptied(self.tokens), _emptied(self.sa)
         if self._mm is not None:
             with contextlib.suppress(BufferError):  # a live view keeps the mapping; it goes with it
                 self._mm.close()
@@ -244,6 +254,12 @@ class CorpusIndex:
         if m < 0:
             raise CorpusIndexError(f"{self.path}: corrupt corpus index (a position out of range)")
         return [(int(a), int(b)) for a, b in out[:m]]
+
+
+def _emptied(a: np.ndarray) -> np.ndarray:
+    out = np.zeros(0, a.dtype)
+    out.flags.writeable = a.flags.writeable
+    return out
 
 
 def empty_index() -> CorpusIndex:
