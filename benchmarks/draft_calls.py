@@ -11,10 +11,11 @@ hour; a change to a kernel's signature or to how a ``Draft`` is built only needs
     PYTHONPATH=/tmp/old/src .venv/bin/python benchmarks/draft_calls.py --runs 3   # the other tree
 
 Figures (medians of ``--runs``): us per ``propose(k)`` + ``extend(1)`` step after a ``--context``
-token prompt, for ``ngram``, ``lookup`` (empty and corpus-built static cache) and ``suffix``
-(with a history); us per ``propose(k)`` repeated on the final state (``... propose``: the fixed
-per-call cost, where a kernel signature or the ``Draft`` builder shows); and the lookup replay's us per drafted token (``replay_lookup``, the figure
-``lookup_perf.py`` reports), with no static cache and with the corpus one.
+token prompt, for ``ngram``, ``lookup`` (empty and corpus-built static cache) and ``suffix`` (with
+a history); us per ``propose(k)`` repeated on the final state (``... propose``: the fixed per-call
+cost, where a kernel signature or the ``Draft`` builder shows); and the lookup replay's us per
+drafted token (``replay_lookup``, the figure ``lookup_perf.py`` reports), with no static cache and
+with the corpus one.
 """
 
 from __future__ import annotations

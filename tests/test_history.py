@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import struct
-import zlib
 import time
+import zlib
 
 import numpy as np
 import pytest

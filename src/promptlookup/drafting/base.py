@@ -14,6 +14,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+MAX_DRAFT = 8  # most tokens drafted per verify: one verify feeds at most MAX_DRAFT + 1 tokens
+
 
 @dataclass(frozen=True)
 class Draft:
