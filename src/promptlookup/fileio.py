@@ -37,6 +37,14 @@ from promptlookup.formats import kind_of
 STALE_TMP_SECONDS = 300  # a live writer touches its temporary file far more often than this
 
 
+def cache_dir() -> Path:
+    """Where promptlookup keeps what it measured or checked once per machine (cost curves, the
+    backend's health mark): ``$PROMPTLOOKUP_CACHE``, else ``~/.cache/promptlookup``. Read at each
+    call, so a test or a wrapper can point it elsewhere at any time."""
+    root = os.environ.get("PROMPTLOOKUP_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "promptlookup"
+
+
 def temp_pattern(path: Path) -> re.Pattern[str]:
     """Names of the temporary files :func:`atomic_write` makes for ``path`` (``mkstemp``'s 8 random
     characters between our prefix and suffix)."""
