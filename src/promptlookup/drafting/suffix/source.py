@@ -304,13 +304,13 @@ def _draft(local, glob, corpus, buf, n, k, params, feat, scratch):
     and ``feat`` one-row :data:`PARAMS` and :data:`FEATURES` arrays."""
     p = params[0]
     out = feat[0]
-    min_match = p.min_match
-    min_prob = p.min_prob
-    local_weight = p.local_weight
-    corpus_weight = p.corpus_weight
-    depth_g = p.depth_g
-    cap = p.corpus_cap
-    margin = p.corpus_margin
+    min_match = p["min_match"]
+    min_prob = p["min_prob"]
+    local_weight = p["local_weight"]
+    corpus_weight = p["corpus_weight"]
+    depth_g = p["depth_g"]
+    cap = p["corpus_cap"]
+    margin = p["corpus_margin"]
     lst, led, lhk, lhv, lmeta = local[A_ST], local[A_ED], local[A_HK], local[A_HV], local[A_META]
     gst, ged, ghk, ghv = glob[A_ST], glob[A_ED], glob[A_HK], glob[A_HV]
     ctok, csa, cbk = corpus[X_TOKENS], corpus[X_SA], corpus[X_BUCKETS]
@@ -339,7 +339,7 @@ def _draft(local, glob, corpus, buf, n, k, params, feat, scratch):
         mc_eff = mc - margin if mc > 0 else 0
         top = max(ml, mg, mc_eff)
         if i == 0:
-            out.match = top
+            out["match"] = top
         if top < min_match:
             break
         nt = 0
@@ -378,10 +378,10 @@ def _draft(local, glob, corpus, buf, n, k, params, feat, scratch):
             return -2
         p = score[best] / total
         if i == 0:
-            out.count = score[best]
-            out.total = total
-            out.from_history = 1.0 if mg == top and ml < top else 0.0
-            out.from_corpus = 1.0 if mc > 0 and mc_eff == top and ml < top and mg < top else 0.0
+            out["count"] = score[best]
+            out["total"] = total
+            out["from_history"] = 1.0 if mg == top and ml < top else 0.0
+            out["from_corpus"] = 1.0 if mc > 0 and mc_eff == top and ml < top and mg < top else 0.0
         _clear_touched(scratch, nt, score, llast, glast)
         if path * p < min_prob:
             break
@@ -390,7 +390,7 @@ def _draft(local, glob, corpus, buf, n, k, params, feat, scratch):
         buf[n + i] = best
         vl, ml = match_step(lst, lhk, lhv, led, vl, ml, best)
         vg, mg = match_step(gst, ghk, ghv, ged, vg, mg, best)
-    out.prob = path
+    out["prob"] = path
     return n_out
 
 
