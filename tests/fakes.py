@@ -91,6 +91,10 @@ class LogitsFakeModel:
             self._rows[tail] = row
         return row
 
+    def next_token(self, prefix: Sequence[int]) -> int:
+        """The greedy choice after ``prefix`` (what an oracle draft proposes)."""
+        return int(self.logits(prefix).argmax())
+
     def _choose(self, start: int, sampler) -> list[int]:
         """Rows for positions start+1..len(cache), chosen as a real backend would."""
         rows = self._np.stack([self.logits(self.cache[: p]) for p in range(start + 1, len(self.cache) + 1)])
@@ -186,3 +190,39 @@ class ByteModel(LogitsFakeModel):
 
     def render_chat(self, messages) -> str:
         return "".join(f"<|{m['role']}|>{m['content']}<|end|>" for m in messages) + "<|assistant|>"
+
+
+class RandomDrafts:
+    """An adversarial source: random proposals of random length (0..k), each token the model's own
+    greedy choice (``model.next_token``) with probability ``p_right``, else a random id."""
+
+    name = "random"
+
+    def __init__(self, model: FakeModel | LogitsFakeModel, seed: int, p_right: float = 0.5) -> None:
+        import random
+
+        self.model = model
+        self.rng = random.Random(seed)
+        self.p_right = p_right
+        self.seq: list[int] = []
+
+    def reset(self, prompt: Sequence[int]) -> None:
+        self.seq = list(prompt)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        self.seq.extend(tokens)
+
+    def propose(self, k: int):  # noqa: ANN201 (a Draft)
+        from promptlookup.drafting.base import Draft
+
+        seq = list(self.seq)
+        out = []
+        for _ in range(self.rng.randint(0, k)):
+            right = self.rng.random() < self.p_right
+            t = self.model.next_token(seq) if right else self.rng.randrange(self.model.n_vocab)
+            out.append(t)
+            seq.append(t)
+        return Draft(tuple(out), self.name)
+
+    def commit(self) -> None:
+        pass

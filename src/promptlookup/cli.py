@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from promptlookup.drafting.base import MAX_DRAFT
 from promptlookup.errors import UsageError, UserError
-from promptlookup.speculate import MAX_DRAFT
 
 # Upper bounds of the numeric flags, checked at parse time so that no value reaches code that cannot
 # honour it (llama.cpp segfaults at -t 65536 and aborts with std::bad_alloc on a 31-digit one).
@@ -424,7 +424,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
     def vocab() -> tuple[int, str]:
         from promptlookup.backends.models import resolve_model
-        from promptlookup.build.create import VocabTokenizer
+        from promptlookup.build.tokenizers import VocabTokenizer
 
         tok = VocabTokenizer(resolve_model(args.model))
         return tok.n_vocab, tok.fingerprint()
