@@ -91,3 +91,38 @@ def wait_until(cond, timeout: float = 30.0, every: float = 0.05) -> bool:
             return True
         time.sleep(every)
     return cond()
+
+
+def stream_sse(client, path: str, body: dict) -> dict:
+    """POST ``body`` with ``stream: true``; the joined text, finish reason, seconds to the first text and
+    to the end, and whether the stream ended with ``data: [DONE]``."""
+    import json
+
+    t0 = time.monotonic()
+    out = {"text": "", "finish_reason": None, "ttft": None, "done": False, "usage": None, "status": None}
+    with client.stream("POST", path, json={**body, "stream": True}) as r:
+        out["status"] = r.status_code
+        if r.status_code != 200:
+            r.read()
+            out["error"] = r.json().get("error")
+            out["e2e"] = time.monotonic() - t0
+            return out
+        for line in r.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line[len("data: "):]
+            if data == "[DONE]":
+                out["done"] = True
+                break
+            obj = json.loads(data)
+            for choice in obj.get("choices") or ():
+                piece = choice.get("delta", {}).get("content") if "delta" in choice else choice.get("text")
+                if piece:
+                    if out["ttft"] is None:
+                        out["ttft"] = time.monotonic() - t0
+                    out["text"] += piece
+                out["finish_reason"] = choice.get("finish_reason") or out["finish_reason"]
+            if obj.get("usage"):
+                out["usage"] = obj["usage"]
+    out["e2e"] = time.monotonic() - t0
+    return out

@@ -19,7 +19,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -205,6 +205,9 @@ class Server:
         self._spec_labels: set[str] = {engine.default_spec.label}
 
     def _done(self, job: Job) -> None:
+        """After every generation (on the worker), whether its client stayed or not."""
+        c = job.completion
+        self.metrics.finished(c.counters, "cancelled" if c.stopped_by == "cancelled" else c.finish_reason)
         self.history.request_done()
 
     # -- checks before a request is queued ------------------------------------------------------
@@ -315,7 +318,6 @@ class Server:
             yield ev
 
     def _finished(self, job: Job, completion: Completion) -> None:
-        self.metrics.finished(completion.counters, completion.finish_reason)
         self.metrics.e2e.observe(time.monotonic() - job.arrived)
 
     async def _whole(self, job: Job, watcher: asyncio.Task, render: Render) -> Response:
@@ -478,6 +480,17 @@ def _token_texts(engine: Engine) -> Callable[[Completion], dict[int, str]]:
     return texts
 
 
+_UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
+def _param(loc: Sequence[Any]) -> str | None:
+    """A validation error's location as OpenAI's ``param`` ("messages.0.role"), without the body
+    prefix and pydantic's union-member tags ("str", "list[str]")."""
+    parts = [str(x) for x in loc if x != "body" and not (
+        isinstance(x, str) and (x in _UNION_TAGS or any(ch in x for ch in "[]-")))]
+    return ".".join(parts) or None
+
+
 def _messages(body: s.ChatCompletionRequest) -> list[dict[str, Any]]:
     out = []
     for m in body.messages:
@@ -512,14 +525,14 @@ def create_app(engine: Engine, settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        first = errors[0] if errors else {}
-        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-        param = ".".join(loc) or None
+        errors = list(exc.errors())
+        # of a union's errors (stop: text or a list), the one that is not a plain type mismatch
+        first = next((e for e in errors if not str(e.get("type", "")).endswith("_type")),
+                     errors[0] if errors else {})
+        param = _param(first.get("loc", ()))
         msg = first.get("msg", "invalid request")
-        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         server.metrics.errors.labels("400").inc()
-        return error_response(400, f"{param or 'body'}: {msg}{more}", param=param, code="invalid_value")
+        return error_response(400, f"{param or 'body'}: {msg}", param=param, code="invalid_value")
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -55,6 +55,7 @@ class Job:
     cancel: threading.Event = field(default_factory=threading.Event)
     arrived: float = field(default_factory=time.monotonic)
     started: float | None = None
+    completion: Any = None  # the engine's Completion, once the generation finished (or was cancelled)
     events: asyncio.Queue[Event] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -163,6 +164,7 @@ class Worker:
         try:
             for chunk in job.run(job.cancel.is_set, remaining):
                 if chunk.completion is not None:
+                    job.completion = chunk.completion
                     extra = job.finish(chunk.completion) if job.finish is not None else None
                     job.emit(Event("chunk", chunk=chunk, extra=extra))
                     completed = True
