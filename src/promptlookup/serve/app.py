@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from promptlookup import __version__
-from promptlookup.api import Completion, Engine, Options, RequestError
+from promptlookup.api import ROLES, Completion, Engine, Options, RequestError, check_messages
 from promptlookup.drafting.spec import OFF, SourceSpec, SpecError, options_of
 from promptlookup.errors import UserError
 from promptlookup.serve import schemas as s
@@ -78,7 +78,11 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
           "description": "the queue is full (see Retry-After) or the server is stopping"},
 }
 GET_ERRORS = {k: v for k, v in ERROR_RESPONSES.items() if k == 401}
-SSE = {"text/event-stream": {"schema": {"type": "string"}, "example": "data: {...}\n\ndata: [DONE]\n\n"}}
+# one server-sent event: "data" holds a chunk object as JSON, the last one "[DONE]"
+SSE_EVENT = {"type": "object", "required": ["data"],
+             "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"},
+                            "retry": {"type": "integer"}}}
+SSE = {"text/event-stream": {"schema": SSE_EVENT}}
 
 
 # -- the guard: API key, body size, UTF-8 and JSON before any route --------------------------------
@@ -484,10 +488,15 @@ _UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
 
 
 def _param(loc: Sequence[Any]) -> str | None:
-    """A validation error's location as OpenAI's ``param`` ("messages.0.role"), without the body
-    prefix and pydantic's union-member tags ("str", "list[str]")."""
-    parts = [str(x) for x in loc if x != "body" and not (
-        isinstance(x, str) and (x in _UNION_TAGS or any(ch in x for ch in "[]-")))]
+    """A validation error's location as OpenAI's ``param`` ("messages.0.content"), without the body
+    prefix and pydantic's union-member tags ("str", "list[str]", a message's role after its index)."""
+    parts: list[str] = []
+    for i, x in enumerate(loc):
+        if x == "body" or (isinstance(x, str) and (x in _UNION_TAGS or any(ch in x for ch in "[]-"))):
+            continue
+        if i and isinstance(loc[i - 1], int) and x in ROLES:
+            continue
+        parts.append(str(x))
     return ".".join(parts) or None
 
 
@@ -585,7 +594,7 @@ def create_app(engine: Engine, settings: Settings | None = None) -> FastAPI:
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         opts = server.options(body, max_tokens, logprobs)
-        messages = _messages(body)
+        messages = check_messages(_messages(body))  # a bad message is a 400 before the queue
 
         def run(cancelled: Callable[[], bool], timeout: float | None) -> Iterator[Any]:
             return engine.chat(messages, stream=True, cancelled=cancelled, timeout=timeout, **opts)

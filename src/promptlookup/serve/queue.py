@@ -159,10 +159,17 @@ class Worker:
             job.emit(Event("error", status=503, type="server_error",
                            message="the request timed out waiting in the queue; try again later"))
             return
-        job.emit(Event("start"))
         completed = False
         try:
-            for chunk in job.run(job.cancel.is_set, remaining):
+            chunks = job.run(job.cancel.is_set, remaining)  # every check of the request happens here
+        except Exception as exc:  # a request's failure must never end the worker
+            if not isinstance(exc, UserError):
+                log.exception("promptlookup serve: a request failed")
+            job.emit(error_event(exc))
+            return
+        job.emit(Event("start"))  # from here the response is 200 (a stream's headers go out)
+        try:
+            for chunk in chunks:
                 if chunk.completion is not None:
                     job.completion = chunk.completion
                     extra = job.finish(chunk.completion) if job.finish is not None else None

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field
 
 from promptlookup.api import MAX_STOP_CHARS, MAX_STOPS
 
@@ -27,6 +27,16 @@ StopField = Annotated[
     str | _StopList | None,
     Field(description=f"up to {MAX_STOPS} strings; the text ends before the first one generated"),
 ]
+
+
+def _integral(v: Any) -> Any:
+    """JSON has one number type and JSON Schema calls 5.0 an integer: so do we (5.5 stays an error)."""
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+def _int(lo: int, hi: int | None = None) -> Any:
+    """An integer in ``lo..hi`` (as JSON Schema's ``minimum``/``maximum``), integral floats included."""
+    return Annotated[int, Field(ge=lo, le=hi), BeforeValidator(_integral)]
 
 
 class _Request(BaseModel):
@@ -43,16 +53,16 @@ class SamplingFields(_Request):
     model: str | None = Field(None, description="ignored: the server serves the model it loaded")
     temperature: float | None = Field(None, ge=0, le=2, description="0: greedy; default 1 (OpenAI's)")
     top_p: float | None = Field(None, gt=0, le=1, description="nucleus sampling; default 1 (off)")
-    top_k: int | None = Field(None, ge=0, le=1 << 20, description="extension: llama.cpp's top-k; 0 = off")
+    top_k: _int(0, 1 << 20) | None = Field(None, description="extension: llama.cpp's top-k; 0 = off")
     min_p: float | None = Field(None, ge=0, le=1, description="extension: llama.cpp's min-p; 0 = off")
     repeat_penalty: float | None = Field(None, gt=0, le=100,
                                          description="extension: llama.cpp's repeat penalty; 1 = off")
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    seed: int | None = Field(None, ge=0, le=MAX_SEED,
+    seed: _int(0, MAX_SEED) | None = Field(None,
                              description="sampling seed; the response's `seed` repeats a run without one")
     stop: StopField = None
-    n: int | None = Field(None, ge=1, le=128, description="only 1: one model context, one completion")
+    n: _int(1, 128) | None = Field(None, description="only 1: one model context, one completion")
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     speculate: str | None = Field(
@@ -70,32 +80,38 @@ class TextPart(_Request):
 
 
 class Message(_Request):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+
+class AssistantMessage(_Request):
+    role: Literal["assistant"]
     content: str | list[TextPart] | None = None
     name: str | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
-    messages: list[Message] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT,
+    messages: list[Annotated[Message | AssistantMessage, Discriminator("role")]] = Field(min_length=1)
+    max_tokens: _int(1, MAX_TOKENS_LIMIT) | None = Field(None,
                                    description="default: until the context is full")
-    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT,
+    max_completion_tokens: _int(1, MAX_TOKENS_LIMIT) | None = Field(None,
                                               description="OpenAI's newer name for max_tokens")
     logprobs: bool | None = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    top_logprobs: _int(0, MAX_TOP_LOGPROBS) | None = Field(None)
 
 
 class CompletionRequest(SamplingFields):
-    prompt: (str | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+    prompt: (str | Annotated[list[_int(0)], Field(min_length=1)]
              | Annotated[list[str], Field(min_length=1, max_length=1)]
-             | Annotated[list[Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]],
+             | Annotated[list[Annotated[list[_int(0)], Field(min_length=1)]],
                          Field(min_length=1, max_length=1)]) = Field(
         description="text or token ids; one prompt per request")
-    max_tokens: int | None = Field(16, ge=1, le=MAX_TOKENS_LIMIT, description="default 16 (OpenAI's)")
-    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS,
+    max_tokens: _int(1, MAX_TOKENS_LIMIT) | None = Field(16, description="default 16 (OpenAI's)")
+    logprobs: _int(0, MAX_TOP_LOGPROBS) | None = Field(None,
                                  description="each token's logprob and this many alternatives")
     echo: bool | None = Field(False, description="only false")
-    best_of: int | None = Field(None, ge=1, le=128, description="only 1")
+    best_of: _int(1, 128) | None = Field(None, description="only 1")
     suffix: str | None = Field(None, description="not supported (only null)")
 
 
