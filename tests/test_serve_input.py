@@ -4,6 +4,7 @@ the right 4xx, never a 500, never a dead server; the API key and the body limit.
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -113,10 +114,12 @@ def test_the_server_survives_it_all(http):
     assert "500" not in "".join(ln for ln in text.splitlines() if "request_errors_total{" in ln)
 
 
-def test_api_key_and_body_limit():
+def test_api_key_body_limit_and_timeout():
     """--api-key (here through PROMPTLOOKUP_API_KEY) is required on every route but /health, compared
-    in constant time; bodies over --max-body get 413, with or without a Content-Length."""
-    with ServerProcess("--max-body", "4096", env=server_env(PROMPTLOOKUP_API_KEY="s3cret")) as server, \
+    in constant time; bodies over --max-body get 413, with or without a Content-Length; a request
+    that runs past --timeout ends with finish_reason length."""
+    with ServerProcess("--max-body", "4096", "--timeout", "1.5",
+                       env=server_env(PROMPTLOOKUP_API_KEY="s3cret")) as server, \
             httpx.Client(base_url=server.url, timeout=60) as c:
         assert c.get("/health").status_code == 200
         err = _error(c.get("/v1/models"), 401)
@@ -138,4 +141,10 @@ def test_api_key_and_body_limit():
             yield b'"}]}'
 
         assert _error(c.post(CHAT, content=chunks(), headers=auth), 413)["code"] == "body_too_large"
+        t0 = time.monotonic()
+        long = {"messages": [{"role": "user", "content": "Count from 1 to 500."}], "max_tokens": 900,
+                "temperature": 0, "speculate": "off"}
+        r = c.post(CHAT, json=long, headers=auth).json()
+        assert r["choices"][0]["finish_reason"] == "length" and r["counters"]["stopped_by"] == "time"
+        assert time.monotonic() - t0 < 5 and r["usage"]["completion_tokens"] < 900
         assert c.get("/health").status_code == 200
