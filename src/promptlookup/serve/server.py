@@ -12,6 +12,7 @@ the exit.
 from __future__ import annotations
 
 import signal
+import socket
 import sys
 from typing import Any
 
@@ -51,12 +52,29 @@ def run_server(engine: Engine, settings: Settings, host: str = "127.0.0.1", port
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                             lifespan="on", timeout_graceful_shutdown=10, server_header=False)
     server = _Server(config, app)
+    sock = bind(host, port)  # here, so that a port in use is one line (an OSError: exit 2)
     try:
-        server.run()
-    except SystemExit:  # uvicorn exits when it cannot bind (after logging why)
-        if server.started:
-            raise
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
     if not server.started and not server.signals:
-        print(f"promptlookup: error: could not listen on {host}:{port}", file=sys.stderr)
+        print(f"promptlookup: error: could not serve on {host}:{port}", file=sys.stderr)
         return 2
     return 0
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening-ready TCP socket on ``host:port`` (port 0: a free one)."""
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        raise OSError(f"cannot resolve --host {host!r}: {exc.strerror}") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.set_inheritable(True)
+    return sock
