@@ -125,6 +125,15 @@ def test_stop_strings_including_one_spanning_tokens(client):
     r = client.completions.create(stop=[stop, "\u2603never"], **kw).choices[0]
     assert r.finish_reason == "stop"
     assert r.text == text[: text.find(stop)]
+    # the same stop with drafting on a copy prompt: the stop string may sit inside an accepted draft
+    kw = dict(model="smol", messages=_user(COPY), max_tokens=32, temperature=0,
+              extra_body={"speculate": "ngram"})
+    copy = client.chat.completions.create(**kw)
+    c_text = copy.choices[0].message.content
+    assert copy.model_extra["counters"]["accepted_tokens"] > 0 and len(c_text) > 30, c_text
+    stop2 = c_text[len(c_text) // 2: len(c_text) // 2 + 4]
+    r2 = client.chat.completions.create(stop=stop2, **kw).choices[0]
+    assert r2.message.content == c_text[: c_text.find(stop2)] and r2.finish_reason == "stop"
     # a plain string stop, through chat
     s = client.chat.completions.create(model="smol", messages=_user(COPY), max_tokens=24, temperature=0,
                                        stop="fox")
