@@ -65,8 +65,15 @@ def test_stream_pieces_add_up_to_the_text_and_the_last_carries_the_completion():
     assert "".join(ch.text for ch in chunks) == whole.text
     assert chunks[-1].completion is not None and chunks[-1].completion.tokens == whole.tokens
     assert all(ch.completion is None for ch in chunks[:-1])
-    # the pieces' tokens are the steps' tokens, in order
-    assert [t for ch in chunks for t in ch.tokens] == whole.tokens[: sum(len(ch.tokens) for ch in chunks)]
+    # every token is in exactly one piece, in order
+    assert [t for ch in chunks for t in ch.tokens] == whole.tokens
+
+
+def test_streamed_logprobs_follow_each_pieces_tokens():
+    whole = engine().generate(PROMPT, max_tokens=40, logprobs=1, stop="q")
+    chunks = list(engine().generate(PROMPT, max_tokens=40, logprobs=1, stop="q", stream=True))
+    assert [lp for ch in chunks for lp in ch.logprobs] == whole.logprobs
+    assert all([lp.token for lp in ch.logprobs] == ch.tokens for ch in chunks)
 
 
 def _stop_cases(text: str) -> list[tuple[str, int]]:
