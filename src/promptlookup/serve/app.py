@@ -1,24 +1,24 @@
-"""The OpenAI-compatible routes on one :class:`~promptlookup.api.Engine`.
+"""The OpenAI-compatible routes on one :class:`~promptlookup.api.Engine`, and the request's path
+from a route through the queue to its response.
 
 ``create_app(engine, settings)`` returns a FastAPI app: ``GET /v1/models``, ``POST /v1/completions``,
 ``POST /v1/chat/completions`` (``stream: true`` as server-sent events ending in ``data: [DONE]``),
-``GET /health`` and ``GET /metrics``. Requests queue for the one model context (:mod:`.queue`);
-nothing a client sends can crash the server or earn a 500: a pure-ASGI guard checks the API key and
-reads the body (size limit, UTF-8, JSON) before FastAPI sees it, pydantic checks the fields against
-:mod:`.schemas`, and every error -- FastAPI's 422s included -- is answered as OpenAI's error object
-``{"error": {"message", "type", "param", "code"}}`` with a 4xx status.
+``GET /health`` and ``GET /metrics``. Why these two jobs share a module: a route checks its request
+into engine options and hands :class:`Server` a job; the server queues it for the one model context
+(:mod:`.queue`), watches its client, and answers whole or as a stream, with the objects
+:mod:`.render` builds. Nothing a client sends can crash the server or earn a 500: the ASGI guard
+(:mod:`.guard`) checks the API key and reads the body (size limit, UTF-8, JSON) before FastAPI sees
+it, pydantic checks the fields against :mod:`.schemas`, and every error -- FastAPI's 422s included --
+is answered as OpenAI's error object (:func:`.guard.error_response`) with a 4xx status.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import logging
-import math
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,19 +31,18 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from promptlookup import __version__
 from promptlookup.api import ROLES, Completion, Engine, Options, RequestError, check_messages
-from promptlookup.drafting.spec import OFF, SourceSpec, SpecError, options_of
+from promptlookup.drafting.spec import SourceSpec, SpecError, options_of
 from promptlookup.errors import UserError
 from promptlookup.serve import schemas as s
+from promptlookup.serve.guard import Guard, error_response
 from promptlookup.serve.history import HistorySaver
 from promptlookup.serve.metrics import CONTENT_TYPE, Metrics
 from promptlookup.serve.queue import Event, Job, Worker, error_event
+from promptlookup.serve.render import Render, public_label, token_texts
 
 log = logging.getLogger("promptlookup.serve")
 
-PUBLIC_PATHS = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
-BODY_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 MAX_SPECULATE_SETTINGS = 16  # distinct draft source settings one server builds (each keeps its state)
-FINGERPRINT = f"promptlookup-{__version__}"
 
 
 @dataclass(frozen=True)
@@ -59,13 +58,6 @@ class Settings:
 
 
 # -- errors ---------------------------------------------------------------------------------------
-def error_response(status: int, message: str, type_: str = "invalid_request_error",
-                   param: str | None = None, code: str | None = None,
-                   headers: Mapping[str, str] | None = None) -> JSONResponse:
-    body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status, headers=dict(headers or {}))
-
-
 def _event_response(ev: Event, headers: Mapping[str, str] | None = None) -> JSONResponse:
     return error_response(ev.status, ev.message, ev.type, ev.param, headers=headers)
 
@@ -83,114 +75,6 @@ SSE_EVENT = {"type": "object", "required": ["data"],
              "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"},
                             "retry": {"type": "integer"}}}
 SSE = {"text/event-stream": {"schema": SSE_EVENT}}
-
-
-# -- the guard: API key, body size, UTF-8 and JSON before any route --------------------------------
-def _reject_constant(name: str) -> None:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-class Guard:
-    """Pure ASGI middleware; see the module docstring. Bodies of the two POST routes are read here
-    (at most ``max_body`` bytes), checked, and handed on unchanged as ``application/json``."""
-
-    def __init__(self, app, settings: Settings, metrics: Metrics) -> None:
-        self.app = app
-        self.key = settings.api_key.encode("utf-8") if settings.api_key else None
-        self.max_body = settings.max_body
-        self.metrics = metrics
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        path = scope.get("path", "")
-        headers = dict(scope.get("headers") or [])
-        if self.key is not None and path not in PUBLIC_PATHS and not self._authorized(headers):
-            self.metrics.errors.labels("401").inc()
-            resp = error_response(401, "a valid API key is required: send Authorization: Bearer KEY",
-                                  code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-            await resp(scope, receive, send)
-            return
-        if scope.get("method") == "POST" and path in BODY_PATHS:
-            body = await self._read(scope, receive, send, headers)
-            if body is None:
-                return
-            scope = dict(scope)
-            scope["headers"] = [(k, v) for k, v in scope.get("headers") or [] if k != b"content-type"]
-            scope["headers"].append((b"content-type", b"application/json"))
-            receive = _replay(body, receive)
-        await self.app(scope, receive, send)
-
-    def _authorized(self, headers: Mapping[bytes, bytes]) -> bool:
-        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
-        assert self.key is not None
-        return hmac.compare_digest(token.strip(), self.key) and scheme.lower() == b"bearer"
-
-    async def _read(self, scope, receive, send, headers) -> bytes | None:
-        """The checked body, or None after answering with the error."""
-
-        async def fail(status: int, message: str, code: str | None = None) -> None:
-            self.metrics.errors.labels(str(status)).inc()
-            await error_response(status, message, code=code)(scope, receive, send)
-
-        length = headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_body:
-            await fail(413, f"the request body is {int(length)} bytes; this server takes at most "
-                            f"{self.max_body} (--max-body)", "body_too_large")
-            return None
-        parts, size = [], 0
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                return None
-            chunk = msg.get("body", b"")
-            size += len(chunk)
-            if size > self.max_body:
-                await fail(413, f"the request body is over {self.max_body} bytes (--max-body)",
-                           "body_too_large")
-                return None
-            parts.append(chunk)
-            if not msg.get("more_body", False):
-                break
-        body = b"".join(parts)
-        try:
-            text = body.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            await fail(400, f"the request body is not UTF-8: invalid byte at offset {exc.start}",
-                       "invalid_utf8")
-            return None
-        if not text.strip():
-            await fail(400, "the request body is empty: send a JSON object", "invalid_json")
-            return None
-        try:
-            value = json.loads(text, parse_constant=_reject_constant)
-        except json.JSONDecodeError as exc:
-            await fail(400, f"the request body is not valid JSON: {exc.msg} at line {exc.lineno} "
-                            f"column {exc.colno}", "invalid_json")
-            return None
-        except (ValueError, RecursionError) as exc:  # NaN, a 5000-digit number, nesting too deep
-            await fail(400, f"the request body is not usable JSON: {str(exc)[:200] or type(exc).__name__}",
-                       "invalid_json")
-            return None
-        if not isinstance(value, dict):
-            await fail(400, f"the request body must be a JSON object, got {type(value).__name__}",
-                       "invalid_json")
-            return None
-        return body
-
-
-def _replay(body: bytes, receive):
-    sent = False
-
-    async def replay():
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()  # after the body: the client's disconnect, when it comes
-
-    return replay
 
 
 # -- requests to engine options ---------------------------------------------------------------------
@@ -366,124 +250,6 @@ def _sse_line(obj: Any) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(',', ':'))}\n\n"
 
 
-# -- rendering a completion as OpenAI's objects ---------------------------------------------------------
-def _finite(x: float) -> float:
-    return x if math.isfinite(x) else -9999.0  # JSON has no -inf (a token of probability 0)
-
-
-class Render:
-    """The response objects of one request (chat or completions), whole or as stream chunks."""
-
-    def __init__(self, server: Server, kind: str, body: s.SamplingFields, logprobs: int | None) -> None:
-        self.server = server
-        self.include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
-        self.token_ids = bool(body.return_token_ids)
-        self.kind = kind
-        self.logprobs = logprobs
-        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
-        self.created = int(time.time())
-
-    def _base(self, obj: str) -> dict[str, Any]:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.server.model,
-                "system_fingerprint": FINGERPRINT}
-
-    def _extensions(self, c: Completion) -> dict[str, Any]:
-        counters = c.counters.as_dict()
-        counters.update(stopped_by=c.stopped_by, source_choices=dict(c.source_choices),
-                        source=_public_label(c.speculate))
-        return {"timings": c.timings, "counters": counters, "seed": c.seed}
-
-    @staticmethod
-    def usage(c: Completion) -> dict[str, Any]:
-        n = len(c.tokens)
-        return {"prompt_tokens": c.prompt_tokens, "completion_tokens": n, "total_tokens": c.prompt_tokens + n,
-                "prompt_tokens_details": {"cached_tokens": c.cached_tokens}}
-
-    def _logprobs(self, c: Completion, texts: Mapping[int, str] | None) -> dict[str, Any] | None:
-        if c.logprobs is None or texts is None:
-            return None
-        if self.kind == "chat":
-            def entry(t: int, lp: float) -> dict[str, Any]:
-                text = texts[t]
-                return {"token": text, "logprob": _finite(lp), "bytes": list(text.encode("utf-8"))}
-
-            return {"content": [{**entry(x.token, x.logprob), "top_logprobs": [entry(t, v) for t, v in x.top]}
-                                for x in c.logprobs], "refusal": None}
-        offsets, pos = [], 0
-        for x in c.logprobs:
-            offsets.append(pos)
-            pos += len(texts[x.token])
-        return {"tokens": [texts[x.token] for x in c.logprobs],
-                "token_logprobs": [_finite(x.logprob) for x in c.logprobs],
-                "top_logprobs": [{texts[t]: _finite(v) for t, v in x.top} for x in c.logprobs],
-                "text_offset": offsets}
-
-    # -- whole ----------------------------------------------------------------------------------
-    def whole(self, text: str, c: Completion, texts: Mapping[int, str] | None) -> dict[str, Any]:
-        lp = self._logprobs(c, texts)
-        if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                      "logprobs": lp, "finish_reason": c.finish_reason}
-            obj = self._base("chat.completion")
-        else:
-            choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": c.finish_reason}
-            obj = self._base("text_completion")
-        if self.token_ids:
-            choice["token_ids"] = list(c.tokens)
-        return {**obj, "choices": [choice], "usage": self.usage(c), **self._extensions(c)}
-
-    # -- stream ---------------------------------------------------------------------------------
-    def _chunk(self, choice: dict[str, Any] | None) -> dict[str, Any]:
-        obj = self._base("chat.completion.chunk" if self.kind == "chat" else "text_completion")
-        obj["choices"] = [] if choice is None else [choice]
-        if self.include_usage:
-            obj["usage"] = None
-        return obj
-
-    def _choice(self, text: str | None, finish: str | None = None, lp: Any = None) -> dict[str, Any]:
-        if self.kind == "chat":
-            delta = {} if text is None else {"content": text}
-            return {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
-        return {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish}
-
-    def head(self) -> dict[str, Any]:
-        if self.kind == "chat":
-            return self._chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                "finish_reason": None})
-        return self._chunk(self._choice(""))
-
-    def delta(self, text: str) -> dict[str, Any]:
-        return self._chunk(self._choice(text))
-
-    def tail(self, c: Completion, texts: Mapping[int, str] | None) -> list[dict[str, Any]]:
-        """The last chunk (finish reason; the logprobs of every token, when asked; timings and
-        counters), then the usage chunk when ``stream_options.include_usage``."""
-        last = self._chunk(self._choice(None, c.finish_reason, self._logprobs(c, texts)))
-        last.update(self._extensions(c))
-        out = [last]
-        if self.include_usage:
-            u = self._chunk(None)
-            u["usage"] = self.usage(c)
-            u.update(self._extensions(c))
-            out.append(u)
-        return out
-
-
-def _public_label(label: str) -> str:
-    """A spec label without its file settings (paths on the server's disk stay there)."""
-    name, *opts = label.split(":")
-    paths = {k for k, o in options_of(name).items() if o.kind is str} if name != OFF else set()
-    return ":".join([name, *(o for o in opts if o.partition("=")[0] not in paths)])
-
-
-def _token_texts(engine: Engine) -> Callable[[Completion], dict[int, str]]:
-    def texts(c: Completion) -> dict[int, str]:
-        ids = {x.token for x in c.logprobs or ()} | {t for x in c.logprobs or () for t, _ in x.top}
-        return {t: engine.detokenize([t]) for t in ids}
-
-    return texts
-
-
 _UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
 
 
@@ -580,7 +346,7 @@ def create_app(engine: Engine, settings: Settings | None = None) -> FastAPI:
     async def models() -> dict[str, Any]:
         meta = {"n_ctx": engine.n_ctx, "n_vocab": int(engine.backend.n_vocab),
                 "backend": type(engine.backend).__name__,
-                "speculate": _public_label(engine.default_spec.label),
+                "speculate": public_label(engine.default_spec.label),
                 "file": engine.model_name}
         return {"object": "list", "data": [{"id": server.model, "object": "model", "created": server.created,
                                             "owned_by": "promptlookup", "meta": meta}]}
@@ -599,9 +365,9 @@ def create_app(engine: Engine, settings: Settings | None = None) -> FastAPI:
         def run(cancelled: Callable[[], bool], timeout: float | None) -> Iterator[Any]:
             return engine.chat(messages, stream=True, cancelled=cancelled, timeout=timeout, **opts)
 
-        render = Render(server, "chat", body, logprobs)
+        render = Render(server.model, "chat", body, logprobs)
         return await server.respond(request, run, bool(body.stream), render,
-                                    _token_texts(engine) if logprobs is not None else None)
+                                    token_texts(engine) if logprobs is not None else None)
 
     @app.post("/v1/completions", response_model=s.TextCompletion, tags=["openai"],
               responses={**ERROR_RESPONSES, 200: {"content": SSE, "description": "a completion, "
@@ -623,9 +389,9 @@ def create_app(engine: Engine, settings: Settings | None = None) -> FastAPI:
         def run(cancelled: Callable[[], bool], timeout: float | None) -> Iterator[Any]:
             return engine.generate(prompt, stream=True, cancelled=cancelled, timeout=timeout, **opts)
 
-        render = Render(server, "completion", body, body.logprobs)
+        render = Render(server.model, "completion", body, body.logprobs)
         return await server.respond(request, run, bool(body.stream), render,
-                                    _token_texts(engine) if body.logprobs is not None else None)
+                                    token_texts(engine) if body.logprobs is not None else None)
 
     def openapi() -> dict[str, Any]:
         """FastAPI's schema, less the 422 responses it adds (validation errors are 400s here)."""
@@ -642,6 +408,6 @@ def create_app(engine: Engine, settings: Settings | None = None) -> FastAPI:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
-    app.add_middleware(Guard, settings=settings, metrics=server.metrics)
+    app.add_middleware(Guard, api_key=settings.api_key, max_body=settings.max_body, metrics=server.metrics)
     return app
 
