@@ -178,3 +178,47 @@ def test_temperature_zero_equals_generate_json(client):
                                            extra_body={"speculate": speculate, "return_token_ids": True})
         assert r.choices[0].model_extra["token_ids"] == cli["tokens"], speculate
         assert r.choices[0].message.content == cli["text"]
+
+
+def test_streamed_logprobs_come_with_their_deltas(client):
+    """A stream's chunks carry the logprobs of their own tokens (OpenAI's way), not all in the last
+    chunk: together they are the plain response's logprobs, and their token texts joined are the
+    streamed text. Chat's ``logprobs.content`` and the completions' legacy lists alike. A warm-up
+    request first, so that both runs find the same cached prefix (and decode the same batches: batched
+    logits differ slightly from single-token ones on llama.cpp)."""
+    kw = dict(model="smol", messages=_user(COPY), max_tokens=24, temperature=0, logprobs=True,
+              top_logprobs=2, extra_body={"speculate": "off"})
+    client.chat.completions.create(**kw)
+    plain = client.chat.completions.create(**kw).choices[0]
+    text, content, carriers = [], [], 0
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        text.append(choice.delta.content or "")
+        if choice.logprobs is not None and choice.logprobs.content:
+            content += choice.logprobs.content
+            carriers += 1
+    assert [x.model_dump() for x in content] == [x.model_dump() for x in plain.logprobs.content]
+    assert all(len(x.top_logprobs) == 2 for x in content)
+    assert "".join(x.token for x in content) == "".join(text) == plain.message.content
+    assert carriers > 1, carriers  # spread over the deltas
+
+    kw = dict(model="smol", prompt="The capital of France is", max_tokens=8, temperature=0, logprobs=2,
+              extra_body={"speculate": "off"})
+    client.completions.create(**kw)
+    whole = client.completions.create(**kw).choices[0].logprobs
+    parts: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    streamed, carriers = [], 0
+    for chunk in client.completions.create(stream=True, **kw):
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        streamed.append(choice.text)
+        if choice.logprobs is not None and choice.logprobs.tokens:
+            carriers += 1
+            for key, values in parts.items():
+                values += getattr(choice.logprobs, key)
+    assert parts == {key: getattr(whole, key) for key in parts}
+    assert "".join(parts["tokens"]) == "".join(streamed)
+    assert carriers > 1, carriers

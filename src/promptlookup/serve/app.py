@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from promptlookup import __version__
-from promptlookup.api import ROLES, Completion, Engine, Options, RequestError, check_messages
+from promptlookup.api import ROLES, Chunk, Completion, Engine, Options, RequestError, check_messages
 from promptlookup.drafting.spec import SourceSpec, SpecError, options_of
 from promptlookup.errors import UserError
 from promptlookup.serve import schemas as s
@@ -142,10 +142,10 @@ class Server:
 
     # -- running a job --------------------------------------------------------------------------
     async def respond(self, request: Request, run: Callable[..., Iterator[Any]], stream: bool,
-                      render: Render, finish: Callable[[Completion], Any] | None = None) -> Response:
+                      render: Render, annotate: Callable[[Chunk], Any] | None = None) -> Response:
         loop = asyncio.get_running_loop()
         timeout = self.settings.timeout
-        job = Job(run=run, loop=loop, finish=finish,
+        job = Job(run=run, loop=loop, annotate=annotate,
                   deadline=None if timeout is None else time.monotonic() + timeout)
         if not self.worker.submit(job):
             self.metrics.rejected.inc()
@@ -233,11 +233,14 @@ class Server:
                                                "code": None}})
                     break
                 chunk = ev.chunk
-                if chunk.text:
-                    yield _sse_line(render.delta(chunk.text))
-                if chunk.completion is not None:
+                last = chunk.completion is not None
+                rest = chunk.logprobs  # each delta carries its tokens' logprobs; the tail what is left
+                if chunk.text or (rest and not last):
+                    yield _sse_line(render.delta(chunk.text, chunk.logprobs, ev.extra))
+                    rest = None
+                if last:
                     self._finished(job, chunk.completion)
-                    for obj in render.tail(chunk.completion, ev.extra):
+                    for obj in render.tail(chunk.completion, rest, ev.extra):
                         yield _sse_line(obj)
                     break
             yield "data: [DONE]\n\n"

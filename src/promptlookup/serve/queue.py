@@ -35,7 +35,7 @@ class Event:
 
     kind: str
     chunk: Any = None
-    extra: Any = None  # on the last chunk: what the worker computed for the response (token texts)
+    extra: Any = None  # on a chunk: what the worker computed for its response (token texts)
     status: int = 0
     type: str = ""
     message: str = ""
@@ -45,13 +45,14 @@ class Event:
 @dataclass(eq=False)
 class Job:
     """One request: ``run(cancelled, timeout)`` returns the engine's chunk iterator (on the worker
-    thread, so tokenizing and every check happen there too); ``finish(completion)`` computes, still on
-    the worker, whatever the response needs from the model (token texts for logprobs)."""
+    thread, so tokenizing and every check happen there too); ``annotate(chunk)`` computes for each
+    chunk, still on the worker, whatever its response needs from the model (token texts for
+    logprobs)."""
 
     run: Callable[[Callable[[], bool], float | None], Iterator[Any]]
     loop: asyncio.AbstractEventLoop
     deadline: float | None = None  # time.monotonic() by which the request must be done
-    finish: Callable[[Any], Any] | None = None
+    annotate: Callable[[Any], Any] | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
     arrived: float = field(default_factory=time.monotonic)
     started: float | None = None
@@ -170,13 +171,11 @@ class Worker:
         job.emit(Event("start"))  # from here the response is 200 (a stream's headers go out)
         try:
             for chunk in chunks:
+                extra = job.annotate(chunk) if job.annotate is not None else None
                 if chunk.completion is not None:
                     job.completion = chunk.completion
-                    extra = job.finish(chunk.completion) if job.finish is not None else None
-                    job.emit(Event("chunk", chunk=chunk, extra=extra))
                     completed = True
-                else:
-                    job.emit(Event("chunk", chunk=chunk))
+                job.emit(Event("chunk", chunk=chunk, extra=extra))
         except Exception as exc:  # a request's failure must never end the worker
             if not isinstance(exc, UserError):
                 log.exception("promptlookup serve: a request failed")

@@ -4,8 +4,10 @@ Why apart from the routes: what a client reads -- the chat and the legacy comple
 logprobs in each (chat's ``content`` entries with bytes, completions' ``tokens``/``token_logprobs``/
 ``top_logprobs``/``text_offset``), ``usage``, and our extensions (llama-server's ``timings``, the
 ``counters``, the ``seed``) -- is one job, independent of how a request is queued and run. A
-:class:`Render` turns an engine :class:`~promptlookup.api.Completion` (and the token texts the worker
-looked up for it, :func:`token_texts`) into plain dicts; the app serializes them.
+:class:`Render` turns an engine :class:`~promptlookup.api.Completion` and its
+:class:`~promptlookup.api.Chunk` s (with the token texts the worker looked up for each,
+:func:`token_texts`) into plain dicts; the app serializes them. A stream's chunk carries the logprobs
+of its own tokens, as OpenAI's do; the final chunk only those of tokens no earlier chunk carried.
 """
 
 from __future__ import annotations
@@ -13,11 +15,11 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from promptlookup import __version__
-from promptlookup.api import Completion, Engine
+from promptlookup.api import Chunk, Completion, Engine, TokenLogprob
 from promptlookup.drafting.spec import OFF, options_of
 from promptlookup.serve import schemas as s
 
@@ -35,12 +37,17 @@ def public_label(label: str) -> str:
     return ":".join([name, *(o for o in opts if o.partition("=")[0] not in paths)])
 
 
-def token_texts(engine: Engine) -> Callable[[Completion], dict[int, str]]:
-    """The worker-side lookup of the texts of a completion's logprob tokens (chosen and top)."""
+def token_texts(engine: Engine) -> Callable[[Chunk], dict[int, str]]:
+    """One request's worker-side lookup of the texts of a chunk's logprob tokens (chosen and top; on
+    the last chunk, those of the whole completion too), each token detokenized once."""
+    known: dict[int, str] = {}
 
-    def texts(c: Completion) -> dict[int, str]:
-        ids = {x.token for x in c.logprobs or ()} | {t for x in c.logprobs or () for t, _ in x.top}
-        return {t: engine.detokenize([t]) for t in ids}
+    def texts(chunk: Chunk) -> dict[int, str]:
+        lps = [*(chunk.logprobs or ()), *(chunk.completion.logprobs or () if chunk.completion else ())]
+        ids = {x.token for x in lps} | {t for x in lps for t, _ in x.top}
+        for t in ids - known.keys():
+            known[t] = engine.detokenize([t])
+        return {t: known[t] for t in ids}
 
     return texts
 
@@ -56,6 +63,7 @@ class Render:
         self.logprobs = logprobs
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
+        self.streamed = 0  # characters of the token texts whose logprobs the stream has sent (text_offset)
 
     def _base(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
@@ -73,8 +81,10 @@ class Render:
         return {"prompt_tokens": c.prompt_tokens, "completion_tokens": n, "total_tokens": c.prompt_tokens + n,
                 "prompt_tokens_details": {"cached_tokens": c.cached_tokens}}
 
-    def _logprobs(self, c: Completion, texts: Mapping[int, str] | None) -> dict[str, Any] | None:
-        if c.logprobs is None or texts is None:
+    def _logprobs(self, lps: Sequence[TokenLogprob] | None, texts: Mapping[int, str] | None,
+                  start: int = 0) -> dict[str, Any] | None:
+        """The logprobs object of ``lps`` (completions' ``text_offset`` counted from ``start``)."""
+        if lps is None or texts is None:
             return None
         if self.kind == "chat":
             def entry(t: int, lp: float) -> dict[str, Any]:
@@ -82,19 +92,28 @@ class Render:
                 return {"token": text, "logprob": _finite(lp), "bytes": list(text.encode("utf-8"))}
 
             return {"content": [{**entry(x.token, x.logprob), "top_logprobs": [entry(t, v) for t, v in x.top]}
-                                for x in c.logprobs], "refusal": None}
-        offsets, pos = [], 0
-        for x in c.logprobs:
+                                for x in lps], "refusal": None}
+        offsets, pos = [], start
+        for x in lps:
             offsets.append(pos)
             pos += len(texts[x.token])
-        return {"tokens": [texts[x.token] for x in c.logprobs],
-                "token_logprobs": [_finite(x.logprob) for x in c.logprobs],
-                "top_logprobs": [{texts[t]: _finite(v) for t, v in x.top} for x in c.logprobs],
+        return {"tokens": [texts[x.token] for x in lps],
+                "token_logprobs": [_finite(x.logprob) for x in lps],
+                "top_logprobs": [{texts[t]: _finite(v) for t, v in x.top} for x in lps],
                 "text_offset": offsets}
+
+    def _streamed_logprobs(self, lps: Sequence[TokenLogprob] | None,
+                           texts: Mapping[int, str] | None) -> dict[str, Any] | None:
+        """The logprobs object of a stream chunk's tokens, continuing the stream's text offsets."""
+        out = self._logprobs(lps, texts, self.streamed)
+        if out is not None and lps:
+            assert texts is not None
+            self.streamed += sum(len(texts[x.token]) for x in lps)
+        return out
 
     # -- whole ----------------------------------------------------------------------------------
     def whole(self, text: str, c: Completion, texts: Mapping[int, str] | None) -> dict[str, Any]:
-        lp = self._logprobs(c, texts)
+        lp = self._logprobs(c.logprobs, texts)
         if self.kind == "chat":
             choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
                       "logprobs": lp, "finish_reason": c.finish_reason}
@@ -126,13 +145,16 @@ class Render:
                                 "finish_reason": None})
         return self._chunk(self._choice(""))
 
-    def delta(self, text: str) -> dict[str, Any]:
-        return self._chunk(self._choice(text))
+    def delta(self, text: str, lps: Sequence[TokenLogprob] | None = None,
+              texts: Mapping[int, str] | None = None) -> dict[str, Any]:
+        """A chunk of new text with the logprobs of its tokens ``lps`` (when asked)."""
+        return self._chunk(self._choice(text, lp=self._streamed_logprobs(lps, texts)))
 
-    def tail(self, c: Completion, texts: Mapping[int, str] | None) -> list[dict[str, Any]]:
-        """The last chunk (finish reason; the logprobs of every token, when asked; timings and
-        counters), then the usage chunk when ``stream_options.include_usage``."""
-        last = self._chunk(self._choice(None, c.finish_reason, self._logprobs(c, texts)))
+    def tail(self, c: Completion, rest: Sequence[TokenLogprob] | None = None,
+             texts: Mapping[int, str] | None = None) -> list[dict[str, Any]]:
+        """The last chunk (finish reason; the logprobs of ``rest``, the tokens no delta carried, if
+        any; timings and counters), then the usage chunk when ``stream_options.include_usage``."""
+        last = self._chunk(self._choice(None, c.finish_reason, self._streamed_logprobs(rest or None, texts)))
         last.update(self._extensions(c))
         out = [last]
         if self.include_usage:
