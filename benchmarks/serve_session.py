@@ -288,9 +288,12 @@ class RowTotal:
 
     @property
     def draft(self) -> tuple[int, int] | None:
-        if not self.turns or any(r.m.draft_n is None or r.m.draft_accepted is None for r in self.turns):
+        """(accepted, drafted) over the turns that report them (llama-server omits both in a turn
+        that drafted nothing); None when no turn does."""
+        rep = [r.m for r in self.turns if r.m.draft_n is not None and r.m.draft_accepted is not None]
+        if not rep:
             return None
-        return (sum(r.m.draft_accepted for r in self.turns), sum(r.m.draft_n for r in self.turns))
+        return (sum(m.draft_accepted for m in rep), sum(m.draft_n for m in rep))
 
 
 def compare(text: str, ref: str) -> str:
@@ -637,7 +640,7 @@ def run_row(spec: RowSpec, users: list[str], args: argparse.Namespace, logdir: P
                     total.error = f"turn {i + 1}: {m.error}"
                     break
                 answers.append(m.text)
-    except RuntimeError as e:
+    except (RuntimeError, OSError, http.client.HTTPException) as e:  # start or warm-up failed
         total.error = str(e)[:300]
         print(f"[serve_session] {spec.label}: {total.error}", file=sys.stderr, flush=True)
     return total

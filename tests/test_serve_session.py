@@ -185,3 +185,11 @@ def test_rows_and_spec_arguments() -> None:
         "--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "4")
     with pytest.raises(SystemExit):
         ss.spec_args("bogus")
+
+
+def test_total_draft_counts_only_turns_that_report() -> None:
+    # llama-server leaves draft_n out of a turn that drafted nothing
+    t = ss.RowTotal("X", [ss.TurnResult("X", 1, ss.TurnMetrics(wall=1.0)),
+                          ss.TurnResult("X", 2, ss.TurnMetrics(wall=1.0, draft_n=4, draft_accepted=2))])
+    assert t.draft == (2, 4)
+    assert ss.RowTotal("Y", [ss.TurnResult("Y", 1, ss.TurnMetrics(wall=1.0))]).draft is None
