@@ -37,8 +37,12 @@ to the first non-empty content delta), wall (request sent to ``data: [DONE]``), 
 ``/extras/tokenize/count``: its server reports neither), tok/s = tokens / wall (what the session
 feels), decode tok/s = (tokens - 1) / (wall - TTFT), acceptance = ``timings.draft_n_accepted`` /
 ``timings.draft_n`` where the server reports it, ``cache_n`` (prompt tokens not prefilled again)
-likewise. "same" says whether a row's answer text equals the first row's answer for that turn
-(all rows run one model greedily; once answers differ, later prompts differ too).
+likewise. "= row 1" says whether a row's answer text equals the first row's for that turn (all
+rows run one model greedily, but engines differ in kernels, batching and attention, so a near-tie
+can flip); "= plain" compares a speculating row with the same engine's plain row (ours with
+ours-off, lcp-pld with lcp, ls-spec with ls): exact speculation gives "yes" unless the engine's
+batched verify computes other logits than its one-token decode. Once answers differ, later prompts
+differ too.
 
     .venv/bin/python benchmarks/serve_session.py [--rows ours,ours-off,lcp,lcp-pld,ls,ls-spec] \
         [--turns 6] [--max-tokens 512] [-t 2] [--model GGUF] [--md FILE] [--csv FILE]
@@ -267,7 +271,9 @@ class TurnResult:
     row: str
     turn: int
     m: TurnMetrics
-    same: str = ""  # "ref", "yes", "no @N" (first differing character), "" when not compared
+    same: str = ""  # vs the first row: "ref", "yes", "no @N" (first differing character), ""
+    key: str = ""  # ROW_KEYS entry, to find the same engine's plain row
+    same_plain: str = ""  # vs that plain row: "plain" (it is one), "yes", "no @N", "" (none ran)
 
 
 @dataclass
@@ -309,6 +315,34 @@ def compare(text: str, ref: str) -> str:
     return f"no @{n}"
 
 
+PLAIN_OF = {"ours": "ours-off", "lcp-pld": "lcp", "ls-spec": "ls"}
+
+
+def annotate_plain(results: Sequence[TurnResult]) -> None:
+    """Set ``same_plain`` on every turn: plain rows say so, speculating rows compare their text
+    with the same engine's plain row for that turn (the first such row that answered it)."""
+    plain: dict[tuple[str, int], str] = {}
+    for r in results:
+        if r.key in PLAIN_OF.values() and not r.m.error:
+            plain.setdefault((r.key, r.turn), r.m.text)
+    for r in results:
+        if r.m.error:
+            continue
+        if r.key in PLAIN_OF.values():
+            r.same_plain = "plain"
+        elif (PLAIN_OF.get(r.key), r.turn) in plain:
+            r.same_plain = compare(r.m.text, plain[(PLAIN_OF[r.key], r.turn)])
+
+
+def _count(turns: Sequence[TurnResult], attr: str, ok: tuple[str, ...]) -> str:
+    marks = [m for m in (getattr(r, attr) for r in turns) if m]  # the turns compared at all
+    if not marks:
+        return ""
+    if all(x == "plain" for x in marks):
+        return "plain"
+    return f"{sum(x in ok for x in marks)}/{len(marks)}"
+
+
 def _f(x: float | None, fmt: str) -> str:
     return "n/a" if x is None else format(x, fmt)
 
@@ -335,43 +369,45 @@ def _int(x: int | None) -> str:
 def turn_table(results: Sequence[TurnResult]) -> str:
     """Per turn, the rows side by side (grouped by turn, rows in run order)."""
     header = ("turn", "row", "prompt", "cached", "TTFT s", "wall s", "tokens", "tok/s", "decode tok/s",
-              "accepted", "same")
+              "accepted", "= row 1", "= plain")
     body = []
     for r in sorted(results, key=lambda r: r.turn):  # stable: run order within a turn
         m = r.m
         if m.error:
-            body.append((str(r.turn), r.row, "error: " + m.error, *[""] * 8))
+            body.append((str(r.turn), r.row, "error: " + m.error, *[""] * 9))
             continue
         body.append((str(r.turn), r.row, _int(m.prompt_n), _int(m.cache_n), _f(m.ttft, ".2f"),
                      f"{m.wall:.2f}", _int(m.tokens), _f(m.tps, ".1f"), _f(m.decode_tps, ".1f"),
-                     _acc(m.draft_accepted, m.draft_n), r.same))
+                     _acc(m.draft_accepted, m.draft_n), r.same, r.same_plain))
     return _table(header, body, 2)
 
 
 def total_table(totals: Sequence[RowTotal]) -> str:
     """The whole session per row; "rel. wall" is the row's wall over the first row's."""
-    header = ("row", "turns", "TTFT s (sum)", "wall s", "tokens", "tok/s", "accepted", "same turns",
-              "rel. wall")
+    header = ("row", "turns", "TTFT s (sum)", "wall s", "tokens", "tok/s", "accepted", "= row 1",
+              "= plain", "rel. wall")
     base = next((t.wall for t in totals if t.turns and not t.error), None)
     body = []
     for t in totals:
         if t.error and not t.turns:
-            body.append((t.row, "0", "error: " + t.error, *[""] * 6))
+            body.append((t.row, "0", "error: " + t.error, *[""] * 7))
             continue
         tok = t.tokens
         draft = t.draft
-        same = sum(r.same in ("yes", "ref") for r in t.turns)
         turns = str(len(t.turns)) + (f" (error: {t.error})" if t.error else "")
         body.append((t.row, turns, f"{t.ttft:.2f}", f"{t.wall:.2f}", _int(tok),
                      _f(tok / t.wall if tok and t.wall > 0 else None, ".1f"),
-                     _acc(*(draft or (None, None))), f"{same}/{len(t.turns)}",
+                     _acc(*(draft or (None, None))), _count(t.turns, "same", ("yes", "ref")),
+                     _count(t.turns, "same_plain", ("yes",)),
                      _f(t.wall / base if base else None, ".2f")))
     return _table(header, body, 1)
 
 
+# same_plain is "" in a row that ran before its plain row (the default order runs ours before
+# ours-off): the markdown has it complete, and text_sha1 compares any two rows.
 CSV_FIELDS = ("row", "turn", "prompt_n", "cache_n", "ttft_s", "wall_s", "tokens", "tokens_from", "tok_s",
-              "decode_tok_s", "draft_n", "draft_accepted", "acceptance", "finish", "same", "chars",
-              "text_sha1", "error")
+              "decode_tok_s", "draft_n", "draft_accepted", "acceptance", "finish", "same", "same_plain",
+              "chars", "text_sha1", "error")
 
 
 def csv_row(r: TurnResult) -> dict:
@@ -380,7 +416,8 @@ def csv_row(r: TurnResult) -> dict:
     return {"row": r.row, "turn": r.turn, "prompt_n": m.prompt_n, "cache_n": m.cache_n, "ttft_s": m.ttft,
             "wall_s": m.wall, "tokens": m.tokens, "tokens_from": m.tokens_from, "tok_s": m.tps,
             "decode_tok_s": m.decode_tps, "draft_n": m.draft_n, "draft_accepted": m.draft_accepted,
-            "acceptance": m.acceptance, "finish": m.finish_reason, "same": r.same, "chars": len(m.text),
+            "acceptance": m.acceptance, "finish": m.finish_reason, "same": r.same,
+            "same_plain": r.same_plain, "chars": len(m.text),
             "text_sha1": hashlib.sha1(m.text.encode()).hexdigest()[:12], "error": m.error}
 
 
@@ -630,7 +667,7 @@ def run_row(spec: RowSpec, users: list[str], args: argparse.Namespace, logdir: P
                         m.tokens_from = "retokenized"
                     except (OSError, http.client.HTTPException, ValueError, KeyError):
                         pass
-                r = TurnResult(spec.label, i + 1, m)
+                r = TurnResult(spec.label, i + 1, m, key=spec.key)
                 if not m.error:
                     r.same = compare(m.text, ref[i + 1]) if i + 1 in ref else "ref"
                     ref.setdefault(i + 1, m.text)
@@ -652,6 +689,8 @@ def run_row(spec: RowSpec, users: list[str], args: argparse.Namespace, logdir: P
 
 
 def report(header: str, results: list[TurnResult], totals: list[RowTotal]) -> str:
+    """The markdown: header, the per-turn table, the whole-session table."""
+    annotate_plain(results)
     return (f"{header}\n\n### Per turn\n\n{turn_table(results)}\n### Whole session\n\n"
             f"{total_table(totals)}")
 
@@ -733,6 +772,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def emit(r: TurnResult) -> None:
         results.append(r)
+        annotate_plain(results)
         if writer:
             writer.writerow(csv_row(r))
             csvf.flush()

@@ -132,37 +132,46 @@ def test_compare() -> None:
 
 
 def _results() -> tuple[list, list]:
-    a1 = ss.TurnResult("A", 1, ss.parse_stream(LLAMA_SERVER_STREAM), "ref")
+    # A speculates (key "ours"), B is its plain row ("ours-off"), C never started
+    a1 = ss.TurnResult("A", 1, ss.parse_stream(LLAMA_SERVER_STREAM), "ref", "ours")
     a2 = ss.TurnResult("A", 2, ss.TurnMetrics(ttft=0.25, wall=1.0, text="y", tokens=4, tokens_from="usage",
-                                              draft_n=0, draft_accepted=0), "ref")
-    b1 = ss.TurnResult("B", 1, ss.TurnMetrics(ttft=1.0, wall=4.0, text="z", tokens=11,
-                                              tokens_from="retokenized"), "no @0")
-    b2 = ss.TurnResult("B", 2, ss.TurnMetrics(error="HTTP 500: boom"))
+                                              draft_n=0, draft_accepted=0), "ref", "ours")
+    b1 = ss.TurnResult("B", 1, ss.TurnMetrics(ttft=1.0, wall=4.0, text="def f(): pas", tokens=11,
+                                              tokens_from="retokenized"), "no @11", "ours-off")
+    b2 = ss.TurnResult("B", 2, ss.TurnMetrics(error="HTTP 500: boom"), "", "ours-off")
     totals = [ss.RowTotal("A", [a1, a2]), ss.RowTotal("B", [b1], error="turn 2: HTTP 500: boom"),
               ss.RowTotal("C", [], error="exited with 1 while starting")]
-    return [a1, b1, a2, b2], totals
+    results = [a1, a2, b1, b2]
+    ss.annotate_plain(results)
+    return results, totals
+
+
+def test_annotate_plain_compares_with_the_engines_plain_row() -> None:
+    results, _ = _results()
+    assert [r.same_plain for r in results] == ["no @12", "", "plain", ""]
 
 
 def test_turn_table_exact() -> None:
     results, _ = _results()
     assert ss.turn_table(results) == (
         "| turn | row | prompt | cached | TTFT s | wall s | tokens | tok/s | decode tok/s | accepted "
-        "| same |\n"
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
-        "| 1 | A | 200 | 180 | 0.50 | 2.00 | 11 | 5.5 | 6.7 | 75% (6/8) | ref |\n"
-        "| 1 | B | n/a | n/a | 1.00 | 4.00 | 11 | 2.8 | 3.3 | n/a | no @0 |\n"
-        "| 2 | A | n/a | n/a | 0.25 | 1.00 | 4 | 4.0 | 4.0 | 0 drafted | ref |\n"
-        "| 2 | B | error: HTTP 500: boom |  |  |  |  |  |  |  |  |\n")
+        "| = row 1 | = plain |\n"
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+        "| 1 | A | 200 | 180 | 0.50 | 2.00 | 11 | 5.5 | 6.7 | 75% (6/8) | ref | no @12 |\n"
+        "| 1 | B | n/a | n/a | 1.00 | 4.00 | 11 | 2.8 | 3.3 | n/a | no @11 | plain |\n"
+        "| 2 | A | n/a | n/a | 0.25 | 1.00 | 4 | 4.0 | 4.0 | 0 drafted | ref |  |\n"
+        "| 2 | B | error: HTTP 500: boom |  |  |  |  |  |  |  |  |  |\n")
 
 
 def test_total_table_exact() -> None:
     _, totals = _results()
     assert ss.total_table(totals) == (
-        "| row | turns | TTFT s (sum) | wall s | tokens | tok/s | accepted | same turns | rel. wall |\n"
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
-        "| A | 2 | 0.75 | 3.00 | 15 | 5.0 | 75% (6/8) | 2/2 | 1.00 |\n"
-        "| B | 1 (error: turn 2: HTTP 500: boom) | 1.00 | 4.00 | 11 | 2.8 | n/a | 0/1 | 1.33 |\n"
-        "| C | 0 | error: exited with 1 while starting |  |  |  |  |  |  |\n")
+        "| row | turns | TTFT s (sum) | wall s | tokens | tok/s | accepted | = row 1 | = plain "
+        "| rel. wall |\n"
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+        "| A | 2 | 0.75 | 3.00 | 15 | 5.0 | 75% (6/8) | 2/2 | 0/1 | 1.00 |\n"
+        "| B | 1 (error: turn 2: HTTP 500: boom) | 1.00 | 4.00 | 11 | 2.8 | n/a | 0/1 | plain | 1.33 |\n"
+        "| C | 0 | error: exited with 1 while starting |  |  |  |  |  |  |  |\n")
 
 
 def test_csv_rows_carry_raw_numbers() -> None:
@@ -170,6 +179,7 @@ def test_csv_rows_carry_raw_numbers() -> None:
     row = ss.csv_row(results[0])
     assert set(row) <= set(ss.CSV_FIELDS)
     assert (row["ttft_s"], row["wall_s"], row["acceptance"], row["chars"]) == (0.5, 2.0, 0.75, 13)
+    assert (row["same"], row["same_plain"]) == ("ref", "no @12")
     tot = ss.csv_total(totals[0])
     assert set(tot) <= set(ss.CSV_FIELDS)
     assert (tot["turn"], tot["tokens"], tot["draft_n"], tot["draft_accepted"], tot["same"]) == (
