@@ -18,7 +18,8 @@ Rows (``--rows``, names or numbers, in that order; each server is started here a
 a free 127.0.0.1 port, waited for, warmed up by one tiny untimed request, used, and always stopped):
 
 1. ``ours``        ``python -m promptlookup serve -m MODEL -t T -c 8192`` (speculation default,
-                   shared history, prefix reuse); ``--our-src DIR`` puts DIR on its PYTHONPATH.
+                   shared history, prefix reuse), with this checkout's ``src`` first on its
+                   PYTHONPATH (``--our-src DIR`` for another tree).
 2. ``ours-off``    the same with ``--speculate off``.
 3. ``lcp``         ``python -m llama_cpp.server`` (llama-cpp-python 0.3.36) plain, with
                    ``--logits_all false`` (its faster setting when nothing drafts).
@@ -84,6 +85,7 @@ EDITS = (
 )
 
 DEFAULT_FILE = "colorsys.py"
+OUR_SRC = Path(__file__).resolve().parents[1] / "src"  # our rows run the checkout this script is in
 CTX = 8192
 
 # --llama-spec values: a name here, or raw llama-server arguments (anything starting with "--").
@@ -718,7 +720,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--file", type=Path, default=None,
                     help=f"the source file (default: stdlib {DEFAULT_FILE})")
     ap.add_argument("--max-lines", type=int, default=300, help="cap on the file's lines (default 300)")
-    ap.add_argument("--our-src", default=None, metavar="DIR", help="PYTHONPATH for our server rows")
+    ap.add_argument("--our-src", default=str(OUR_SRC), metavar="DIR",
+                    help="PYTHONPATH for our server rows (default: this checkout's src, whatever "
+                         "promptlookup the venv has installed)")
     ap.add_argument("--llama-server", type=Path, default=None,
                     help="llama-server binary (default: build it with benchmarks/llama_tools.py)")
     ap.add_argument("--llama-spec", action="append", default=None, metavar="SPEC",
