@@ -642,6 +642,16 @@ def machine_line() -> str:
     return f"{cpu}, {os.cpu_count()} logical cores, load average {load}"
 
 
+def tree_line(src: str) -> str:
+    """Which code our rows ran: the folder and its git commit (``+dirty`` with local changes)."""
+    def git(*a: str) -> str:
+        r = subprocess.run(["git", "-C", src, *a], capture_output=True, text=True, timeout=20)
+        return r.stdout.strip() if r.returncode == 0 else ""
+    commit = git("rev-parse", "--short", "HEAD")
+    dirty = "+dirty" if commit and git("status", "--porcelain", "--", ".") else ""
+    return f"{src} ({commit}{dirty})" if commit else src
+
+
 def run_row(spec: RowSpec, users: list[str], args: argparse.Namespace, logdir: Path,
             ref: dict[int, str], emit) -> RowTotal:
     """Start the server, warm it up, play the session (its own answers fed back), stop it."""
@@ -760,6 +770,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"Model {Path(args.model).name}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
               f"start: {machine_line()}.\n\nRows: " + "; ".join(f"**{s.label}**: `{shlex.join(s.argv)}`"
                                                                 for s in specs))
+    if any(s.key.startswith("ours") for s in specs):
+        header += f".\n\nOur rows ran {tree_line(args.our_src)}"
 
     def sigterm(signum, frame):  # so the finally blocks stop the servers
         raise KeyboardInterrupt
