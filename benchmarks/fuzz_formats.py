@@ -34,8 +34,8 @@ def main() -> int:
     if not args.no_model and "text" in args.formats:
         from promptlookup.backends.llama_cpp import LlamaCppBackend
         from promptlookup.backends.models import bundled_model_path
-        from promptlookup.build.create import VocabTokenizer
         from promptlookup.build.memo_tokenizer import MemoTokenizer
+        from promptlookup.build.tokenizers import VocabTokenizer
 
         vocab = VocabTokenizer(bundled_model_path())
         ctx = {"vocab": vocab, "memo": MemoTokenizer(vocab)}

@@ -255,7 +255,7 @@ def ngram_per_call(model: str, text: str, lock: str, context: int = 32768, calls
     which also indexes the new token) and ``extend`` timed apart; the old backward scan for scale."""
     import numpy as np
 
-    from promptlookup.build.create import VocabTokenizer
+    from promptlookup.build.tokenizers import VocabTokenizer
     from promptlookup.drafting.ngram.source import SuffixMatchSource, suffix_match
 
     toks = VocabTokenizer(model).tokenize(Path(text).read_bytes()).tolist()

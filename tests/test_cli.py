@@ -166,7 +166,7 @@ def test_streamed_text_equals_the_json_text(capsys):
 def test_curve_measures_caches_and_writes(capsys, tmp_path, monkeypatch):
     import promptlookup.measure.costs as costs
 
-    monkeypatch.setattr(costs, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setenv("PROMPTLOOKUP_CACHE", str(tmp_path / "cache"))
     out_file = tmp_path / "curve.json"
     code, out, _ = run_main(capsys, "curve", "--max-tokens", "3", "-o", str(out_file))
     assert code == 0 and out.startswith("1:1.00x 2:")

@@ -292,7 +292,7 @@ def test_index_then_stats_cli(tmp_path, capsys):
     import sysconfig
 
     from promptlookup.backends.models import bundled_model_path
-    from promptlookup.build.create import VocabTokenizer
+    from promptlookup.build.tokenizers import VocabTokenizer
     from promptlookup.cli import main
 
     stdlib = Path(sysconfig.get_paths()["stdlib"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 import time
+import zlib
 
 import numpy as np
 import pytest
@@ -56,12 +57,13 @@ def test_byte_layout(tmp_path):
     assert len(data) == size
     assert data[:8] == MAGIC == b"PLSUFHST"
     version, depth = struct.unpack_from("<II", data, 8)
-    assert (version, depth) == (1, 7)
+    assert (version, depth) == (2, 7)
     assert data[16:32] == b"abcd" + b"\0" * 12
     budget, n_seqs, n_tokens = struct.unpack_from("<QQQ", data, 32)
     assert (budget, n_seqs, n_tokens) == (100, 2, 3)
     n_pos = struct.unpack_from("<Q", data, 72)[0]
     assert n_pos == 4  # 5 6 SEP 7
+    assert struct.unpack_from("<II", data, 88) == (zlib.crc32(data[96:]), zlib.crc32(data[:92]))
     off = HEADER.size
     assert list(np.frombuffer(data, "<i8", 2, off)) == [2, 1]
     assert list(np.frombuffer(data, "<i4", 3, off + 16)) == [5, 6, 7]
@@ -171,5 +173,6 @@ def test_corrupt_payload_with_fixed_checksum_refused_by_structure():
     st_off = HEADER.size + 8 * n_seqs + 4 * n_tokens
     struct.pack_into("<i", data, st_off + 4 * 8 * 2 + 4, 99)  # state 2's LINK -> out of range
     struct.pack_into("<I", data, 88, zlib.crc32(bytes(data[HEADER.size :])))
+    struct.pack_into("<I", data, 92, zlib.crc32(bytes(data[:92])))  # and the header's
     with pytest.raises(HistoryFormatError, match="suffix link"):
         History.from_bytes(bytes(data))

@@ -172,7 +172,7 @@ class _TimedFake:
 def test_bad_cached_curve_is_measured_again_with_a_warning(tmp_path, monkeypatch, capsys):
     from promptlookup.measure import costs
 
-    monkeypatch.setattr(costs, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setenv("PROMPTLOOKUP_CACHE", str(tmp_path / "cache"))
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
     backend = _TimedFake(model)

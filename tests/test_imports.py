@@ -103,3 +103,12 @@ def test_no_import_cycles():
         if node not in state:
             visit(node, [node])
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_drafting_imports_neither_the_loop_nor_a_backend():
+    """Sources are pure code over token ids: the loop imports them, never the other way round (the
+    one vocabulary, ``drafting/spec.py``, included; MAX_DRAFT lives in ``drafting/base.py`` for it)."""
+    graph = _graph()
+    bad = [f"{name} imports {m}" for name in graph if name.startswith("promptlookup.drafting")
+           for m in graph[name] if m == "promptlookup.speculate" or m.startswith("promptlookup.backends")]
+    assert not bad, "\n".join(bad)

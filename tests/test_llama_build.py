@@ -122,3 +122,17 @@ def test_a_passing_host_build_is_kept(tmp_path):
     build = lb.ensure_llama("py", tmp_path, tmp_path, smoke=lambda py: lb.SmokeResult(True, "ok"),
                             install=rec.install, plans=rec.plans)
     assert build.mode == "host" and rec.installed == ["host"] and not build.failed
+
+
+def test_the_build_choice_is_made_in_one_place(tmp_path):
+    rec = Recorder(tmp_path)
+    host, cons = rec.plans("host"), rec.plans("conservative")
+    assert lb.builds_to_try(rec.plans) == ([host, cons], [])
+    host.folder.mkdir(parents=True)
+    (host.folder / lb.FAILED_MARK).write_text("died\n")
+    assert lb.builds_to_try(rec.plans) == ([cons], [host])
+    cons.folder.mkdir(parents=True)
+    (cons.folder / lb.FAILED_MARK).write_text("died\n")
+    assert lb.builds_to_try(rec.plans) == ([cons], [host])  # the last one left is tried again
+    same = lambda mode: lb.plan("conservative", tmp_path, SAPPHIRE, "gcc 12.2", "x86_64")  # noqa: E731
+    assert lb.builds_to_try(same) == ([cons], [])

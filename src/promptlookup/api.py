@@ -82,12 +82,14 @@ class Completion:
 
 @dataclass
 class Chunk:
-    """A piece of a streamed generation: new text and the step's tokens; the last one carries the
+    """A piece of a streamed generation: new text and the tokens confirmed since the last piece (a
+    step whose text is held back passes its tokens on to the next piece); the last one carries the
     :class:`Completion`."""
 
     text: str
-    tokens: list[int]
+    tokens: list[int]  # the tokens since the previous chunk (all chunks' tokens: the completion's)
     completion: Completion | None = None
+    logprobs: list[TokenLogprob] | None = None  # one per token in ``tokens``, when asked for
 
 
 @dataclass(frozen=True)
@@ -315,6 +317,7 @@ class Engine:
             tracker = TextTracker(self.backend.detokenize, stops)
             deadline = None if opts.timeout is None else time.monotonic() + opts.timeout
             ended_by = None
+            emitted = 0  # tokens handed out in chunks so far
             self._cache_valid = False
             loop = steps(self.backend, ids, opts.max_tokens, source, draft, sampler, keep)
             try:
@@ -328,7 +331,8 @@ class Engine:
                     elif opts.cancelled is not None and opts.cancelled():
                         ended_by = "cancelled"
                     if piece:
-                        yield Chunk(piece, list(new))
+                        yield self._chunk(piece, tracker.tokens[emitted:], emitted, ids, sampler)
+                        emitted = len(tracker.tokens)
                     new = loop.send(ended_by is not None)
             except StopIteration as done:
                 gen = done.value
@@ -349,7 +353,17 @@ class Engine:
                 seed=gen.seed, stop=tracker.stop,
                 logprobs=gen.logprobs[:n] if gen.logprobs is not None else None,
                 source_choices=_choice_delta(choices_before, _choices(source)))
-            yield Chunk(tracker.finish(), [], completion)
+            last = self._chunk(tracker.finish(), completion.tokens[emitted:], emitted, ids, sampler)
+            last.completion = completion
+            yield last
+
+    @staticmethod
+    def _chunk(text: str, tokens: list[int], first: int, ids: list[int], sampler: Sampler) -> Chunk:
+        """A chunk of ``tokens`` (the ``first``-th generated token on), with their logprobs if asked."""
+        lps = None
+        if sampler.logprobs is not None:
+            lps = [sampler.recorded[len(ids) + first + j] for j in range(len(tokens))]
+        return Chunk(text, list(tokens), logprobs=lps)
 
     # -- memory -------------------------------------------------------------------------------
     def save_history(self, path: str | Path | None = None) -> int | None:

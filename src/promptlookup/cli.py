@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from promptlookup.drafting.base import MAX_DRAFT
 from promptlookup.errors import UsageError, UserError
-from promptlookup.speculate import MAX_DRAFT
 
 # Upper bounds of the numeric flags, checked at parse time so that no value reaches code that cannot
 # honour it (llama.cpp segfaults at -t 65536 and aborts with std::bad_alloc on a 31-digit one).
@@ -182,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
     _add_lookup_commands(sub)
     _add_bench_command(sub)
+    _add_serve_command(sub)
     cc = sub.add_parser("curve", help="measure a model's verify cost curve (cached for --speculate auto)")
     _add_model_args(cc, backend=True)
     cc.add_argument("--max-tokens", type=_int_in(2, 64, "--max-tokens"), default=MAX_DRAFT + 1,
@@ -219,6 +220,87 @@ def _add_bench_command(sub) -> None:
     b.add_argument("--png", metavar="FILE", help="write a chart of effective tok/s per cell")
     _add_sampling_args(b)
     b.set_defaults(func=cmd_bench)
+
+
+def _positive_float(what: str):
+    def parse(text: str) -> float:
+        value = _float_arg(what)(text)
+        if not value > 0 or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"{what} must be a positive number of seconds, got {text!r}")
+        return value
+
+    return parse
+
+
+def _add_serve_command(sub) -> None:
+    from promptlookup.api import DEFAULT_SPECULATE
+
+    s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (chat, completions, streaming)",
+                       description="Serve /v1/chat/completions, /v1/completions, /v1/models, /health and "
+                                   "/metrics on one loaded model, speculating by prompt lookup. One model "
+                                   "context: requests queue (FIFO, --max-queue). Prints 'promptlookup serve: "
+                                   "listening on http://HOST:PORT' when ready; SIGTERM/SIGINT save the "
+                                   "history and exit 0.")
+    _add_model_args(s, backend=True)
+    s.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 exposes it)")
+    s.add_argument("--port", type=_int_in(0, 65535, "--port"), default=8080,
+                   help="TCP port (default 8080; 0 picks a free one, printed in the ready line)")
+    s.add_argument("--speculate", default=DEFAULT_SPECULATE, metavar="SPEC",
+                   help=f"draft source for requests that do not choose one (default {DEFAULT_SPECULATE}; "
+                        "off, ngram, lookup, suffix, ngram:draft=4, ...); a request may set `speculate`")
+    s.add_argument("--history", metavar="FILE",
+                   help="suffix history shared by every request: loaded at start (a corrupt or foreign "
+                        "file is refused), saved atomically every --history-save-every requests and at exit")
+    s.add_argument("--history-budget", type=_int_in(1, MAX_HISTORY_BUDGET, "--history-budget"),
+                   metavar="TOKENS", help="history size in tokens; the oldest requests go first")
+    s.add_argument("--history-save-every", type=_int_in(1, None, "--history-save-every"), default=8,
+                   metavar="N", help="save the history after every N finished requests (default 8)")
+    s.add_argument("--suffix-corpus", metavar="FILE",
+                   help="corpus suffix-array index (promptlookup index) for suffix / auto")
+    s.add_argument("--lookup-cache-static", metavar="FILE", help="static 2-gram cache for lookup / auto")
+    s.add_argument("--cost-curve", metavar="FILE",
+                   help="auto's verify cost curve (JSON) instead of measuring one")
+    s.add_argument("--max-queue", type=_int_in(0, 1 << 16, "--max-queue"), default=64, metavar="N",
+                   help="requests that may wait behind the one generating (default 64); beyond: 503 "
+                        "with Retry-After")
+    s.add_argument("--timeout", type=_positive_float("--timeout"), default=600.0, metavar="SECONDS",
+                   help="per-request time limit, queue wait included (default 600); a generation that "
+                        "runs out ends with finish_reason length")
+    s.add_argument("--api-key", metavar="KEY",
+                   help="require Authorization: Bearer KEY on every route but /health "
+                        "(default: the environment variable PROMPTLOOKUP_API_KEY; unset: no key)")
+    s.add_argument("--max-body", type=_int_in(1, 1 << 31, "--max-body"), default=8 << 20, metavar="BYTES",
+                   help="largest request body (default 8 MiB); larger ones get 413")
+    s.add_argument("--model-alias", metavar="NAME", help="the model id /v1/models and responses show "
+                                                         "(default: the model file's name)")
+    s.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import os
+
+    from promptlookup.api import Engine
+    from promptlookup.drafting.spec import SourceSpec
+    from promptlookup.serve.app import Settings
+    from promptlookup.serve.server import run_server
+
+    spec = SourceSpec.parse(args.speculate)  # a bad setting fails before the model loads
+    key = args.api_key if args.api_key is not None else os.environ.get("PROMPTLOOKUP_API_KEY") or None
+    if key is not None and (not key.strip() or not key.isprintable()):
+        raise UsageError("--api-key must be printable text")
+    if args.host not in ("127.0.0.1", "localhost", "::1") and key is None:
+        print(f"promptlookup serve: warning: listening on {args.host} with no --api-key: anyone who can "
+              "reach it can use the model", file=sys.stderr)
+    settings = Settings(max_queue=args.max_queue, timeout=args.timeout, api_key=key, max_body=args.max_body,
+                        model_alias=args.model_alias, history_save_every=args.history_save_every)
+    engine = Engine(args.model, args.backend, threads=args.threads, n_ctx=args.ctx_size, speculate=spec,
+                    history=args.history, history_budget=args.history_budget, corpus=args.suffix_corpus,
+                    lookup_static=args.lookup_cache_static, cost_curve=args.cost_curve)
+    try:
+        return run_server(engine, settings, args.host, args.port)
+    finally:
+        engine.close()
 
 
 def _add_lookup_cache_args(p: argparse.ArgumentParser) -> None:
@@ -424,7 +506,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
     def vocab() -> tuple[int, str]:
         from promptlookup.backends.models import resolve_model
-        from promptlookup.build.create import VocabTokenizer
+        from promptlookup.build.tokenizers import VocabTokenizer
 
         tok = VocabTokenizer(resolve_model(args.model))
         return tok.n_vocab, tok.fingerprint()

@@ -16,11 +16,9 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 
 from promptlookup.backends.base import Backend, BackendError
-from promptlookup.drafting.base import DraftSource, NoDraft
+from promptlookup.drafting.base import MAX_DRAFT, DraftSource, NoDraft
 from promptlookup.sampling import Sampler, TokenLogprob
 from promptlookup.telemetry import Counters, ResourceProbe
-
-MAX_DRAFT = 8
 
 
 @dataclass

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from promptlookup.backends.base import BackendError
+from promptlookup.fileio import cache_dir
 
 SMOKE_TIMEOUT_S = 600.0
 #: AMX mnemonics as objdump prints them: tile config, loads/stores and the tile dot products.
@@ -36,11 +37,6 @@ AMX_MNEMONICS = ("tilezero", "ldtilecfg", "sttilecfg", "tileloadd", "tileloaddt1
 SHOWN_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "bmi2", "avx_vnni", "avx512f", "avx512bw",
                "avx512vl", "avx512vbmi", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
                "amx_int8", "amx_bf16")
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("PROMPTLOOKUP_CACHE")
-    return Path(root) if root else Path.home() / ".cache" / "promptlookup"
 
 
 # -- running the child ----------------------------------------------------------------------------
@@ -183,7 +179,7 @@ def cpu_library() -> Path | None:
 
 # -- the stamp: checked once per build --------------------------------------------------------------
 def _stamp_path(fingerprint: str) -> Path:
-    return _cache_dir() / "health" / f"llama-cpp-{fingerprint}.ok"
+    return cache_dir() / "health" / f"llama-cpp-{fingerprint}.ok"
 
 
 def record_healthy() -> None:

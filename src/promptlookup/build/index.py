@@ -20,6 +20,7 @@ import numpy as np
 
 from promptlookup.build import create as corpus
 from promptlookup.build.create import BLOCK
+from promptlookup.build.tokenizers import describe_tokenizer, open_tokenizer
 from promptlookup.drafting.suffix.corpus_index import build_suffix_array, write_index
 from promptlookup.errors import InputError
 from promptlookup.textin import check_input_files, replaced_note
@@ -82,10 +83,10 @@ def run_index(paths: Sequence[str], model_path: str | os.PathLike[str], output: 
     """Tokenize ``paths`` (joined), build the suffix array, write it atomically to ``output``."""
     corpus.check_output_path(output)
     check_input_files(paths, "corpus file")
-    tok = corpus.open_tokenizer(model_path, tokenizer)
+    tok = open_tokenizer(model_path, tokenizer)
     fp = getattr(tok, "base", tok).fingerprint()
     st = IndexStats(n_bytes=sum(Path(p).stat().st_size for p in paths if Path(p).is_file()),
-                    tokenizer=corpus.describe_tokenizer(tok))
+                    tokenizer=describe_tokenizer(tok))
     t0 = time.perf_counter()
     counts: dict[str, int] = {}
     tokens = tokenize_corpus(paths, model_path, workers=workers, progress=progress, tokenizer=tokenizer,

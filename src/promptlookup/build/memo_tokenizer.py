@@ -215,7 +215,7 @@ def _grown(a: np.ndarray, need: int) -> np.ndarray:
 
 class MemoTokenizer:
     """``tokenize(data, add_special, parse_special)`` with exactly the tokens of ``base`` (a
-    ``corpus.VocabTokenizer``), fast on texts that repeat their pieces. Falls back to ``base`` for
+    ``tokenizers.VocabTokenizer``), fast on texts that repeat their pieces. Falls back to ``base`` for
     vocabularies it does not emulate, for blocks holding special-token text, and if the probe fails."""
 
     def __init__(self, base) -> None:  # noqa: ANN001 (a VocabTokenizer; no import cycle)

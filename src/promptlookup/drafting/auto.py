@@ -265,8 +265,8 @@ def weighed_specs(spec: SourceSpec) -> list[SourceSpec]:
 def factory(spec: SourceSpec, run: Run) -> Callable[[], AutoDrafter]:
     """The cost curve is read (or measured, through ``run.cost_curve``) once; each drafter gets fresh
     sources."""
+    from promptlookup.drafting.base import MAX_DRAFT
     from promptlookup.measure.costs import CostCurve
-    from promptlookup.speculate import MAX_DRAFT
 
     makers = [source_factory(s, run) for s in weighed_specs(spec)]
     curve = CostCurve.load(spec.value("curve")) if spec.value("curve") else run.cost_curve()

@@ -21,9 +21,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from promptlookup.drafting.base import DraftSource
+from promptlookup.drafting.base import MAX_DRAFT, DraftSource
 from promptlookup.errors import UsageError
-from promptlookup.speculate import MAX_DRAFT
 
 # name -> the module that declares the source's options and builds it (imported by name, on demand)
 SOURCES: dict[str, str] = {

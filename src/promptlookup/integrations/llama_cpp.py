@@ -79,7 +79,7 @@ class PromptLookupDraftModel(_Base):  # type: ignore[misc,valid-type]
         k = draft_length(spec, num_pred_tokens, DEFAULT_PRED_TOKENS)
         fingerprint = curve = None
         if model_path is not None:
-            from promptlookup.build.create import VocabTokenizer
+            from promptlookup.build.tokenizers import VocabTokenizer
 
             vocab = VocabTokenizer(model_path)
             if n_vocab is not None and n_vocab != vocab.n_vocab:

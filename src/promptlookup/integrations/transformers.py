@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from promptlookup import speculate
+from promptlookup.drafting.base import MAX_DRAFT
 from promptlookup.drafting.spec import SourceSpec
 from promptlookup.errors import UsageError
 from promptlookup.integrations import Drafter, build_spec, draft_length
@@ -77,8 +78,8 @@ def _drafter(backend: Any, source: str | SourceSpec, draft: int | None, history:
     spec = build_spec(source, None if history is None else str(history),
                       None if corpus is None else str(corpus))
     k = draft_length(spec, draft, DEFAULT_DRAFT)
-    if k > speculate.MAX_DRAFT:
-        raise UsageError(f"draft length must be in 1..{speculate.MAX_DRAFT} on transformers, got {k}")
+    if k > MAX_DRAFT:
+        raise UsageError(f"draft length must be in 1..{MAX_DRAFT} on transformers, got {k}")
     fingerprint = backend.fingerprint if backend.tokenizer is not None else None
 
     def curve() -> Any:  # auto's verify cost curve: measured once per model object (about a second)

@@ -120,9 +120,9 @@ def oracle_speedup(backend, requests: Sequence[Sequence[int]], outputs: Sequence
     """The hindsight oracle's speedup on the last request's output, from auto's sources (having
     seen the earlier requests) and the backend's curve: the ceiling any controller could reach on
     this run (simulated, see promptlookup.measure.simulate)."""
+    from promptlookup.drafting.base import MAX_DRAFT
     from promptlookup.measure.costs import cached_cost_curve
     from promptlookup.measure.simulate import oracle
-    from promptlookup.speculate import MAX_DRAFT
 
     sources = build_source(SourceSpec("auto"), Run.for_backend(backend)).sources
     for prompt, out in zip(requests[:-1], outputs[:-1], strict=True):

@@ -22,14 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from promptlookup.errors import UserError
-from promptlookup.fileio import atomic_write_text
+from promptlookup.fileio import atomic_write_text, cache_dir
 
 MAX_CURVE_TOKENS = 16
 MAX_CURVE_LEN = 64  # widths a curve may describe (a verify feeds at most 1 + MAX_DRAFT tokens)
 # Physical range of one verify step, in seconds (or in decodes, for a relative curve), and of the
 # ratio of any two: [5e-324, 1e308, 1e308] gave infinite relative costs and a 0.00x "speedup".
 MIN_SECONDS, MAX_SECONDS, MAX_RATIO = 1e-9, 3600.0, 1e4
-CACHE_DIR = Path(os.environ.get("PROMPTLOOKUP_CACHE", Path.home() / ".cache" / "promptlookup"))
 
 
 class CostCurveError(UserError, ValueError):
@@ -145,7 +144,7 @@ def curve_cache_path(model_path: str | os.PathLike[str], backend_name: str, thre
     p = Path(model_path)
     st = p.stat()
     key = hashlib.sha256(f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}|{backend_name}|{threads}".encode())
-    return CACHE_DIR / "cost-curves" / f"{p.stem}-{backend_name}-t{threads}-{key.hexdigest()[:12]}.json"
+    return cache_dir() / "cost-curves" / f"{p.stem}-{backend_name}-t{threads}-{key.hexdigest()[:12]}.json"
 
 
 def cached_cost_curve(backend: Any, max_tokens: int = 9, refresh: bool = False) -> CostCurve:

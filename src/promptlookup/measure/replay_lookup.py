@@ -21,27 +21,17 @@ import numpy as np
 from numba import njit
 
 from promptlookup.drafting.lookup.cache import NGRAM_MAX, NGRAM_MIN, NgramCache, update_ngrams
-from promptlookup.drafting.lookup.source import (
-    CTX_A,
-    CTX_P,
-    DYN_A,
-    DYN_P,
-    LookupSource,
-    draft_core,
-)
+from promptlookup.drafting.lookup.source import LookupSource, draft_core
 from promptlookup.drafting.lookup.static_cache import StaticCache
 from promptlookup.errors import InputError
 from promptlookup.measure.replay import ReplayStats
 
 
 @njit(cache=True)
-def _replay_chunk(chunk, n_ctx, n_draft, buf,
-                  c_slots, c_keys, c_head, c_total, c_maxc, c_tok, c_cnt, c_next, c_meta,
-                  d_slots, d_keys, d_head, d_total, d_maxc, d_tok, d_cnt, d_next,
-                  first_off, key_second, key_draft, key_total, key_off, fol_token, fol_count,
-                  ctx_a, ctx_p, dyn_a, dyn_p):
-    """lookup-stats' inner loop over one chunk; (n_drafted, n_accept). The context cache must be empty
-    with room for ``4 * n_ctx`` n-grams and entries; ``buf`` holds ``n_ctx + n_draft`` tokens."""
+def _replay_chunk(chunk, n_ctx, n_draft, buf, ctx, dyn, static):
+    """lookup-stats' inner loop over one chunk; (n_drafted, n_accept). The context cache ``ctx`` must
+    be empty with room for ``4 * n_ctx`` n-grams and entries; ``buf`` holds ``n_ctx + n_draft``
+    tokens. The caches are the tuples :func:`draft_core` takes."""
     info = np.zeros(4, dtype=np.int64)
     sub = np.zeros(3, dtype=np.int64)
     buf[0] = chunk[0]
@@ -49,10 +39,7 @@ def _replay_chunk(chunk, n_ctx, n_draft, buf,
     n_drafted = 0
     n_accept = 0
     while n < n_ctx:
-        d = draft_core(buf, n, n_draft, c_slots, c_keys, c_head, c_total, c_maxc, c_tok, c_cnt, c_next,
-                        d_slots, d_keys, d_head, d_total, d_maxc, d_tok, d_cnt, d_next,
-                        first_off, key_second, key_draft, key_total, key_off, fol_token, fol_count,
-                        ctx_a, ctx_p, dyn_a, dyn_p, info, sub)
+        d = draft_core(buf, n, n_draft, ctx, dyn, static, info, sub)
         n_drafted += d
         # drafted token j sits at buf[n] once j tokens are accepted: compare in place
         for _ in range(d):
@@ -60,20 +47,17 @@ def _replay_chunk(chunk, n_ctx, n_draft, buf,
                 break
             n += 1
             n_accept += 1
-            update_ngrams(c_slots, c_keys, c_head, c_total, c_maxc, c_tok, c_cnt, c_next, c_meta, buf, n, 1,
-                    NGRAM_MIN, NGRAM_MAX)
+            update_ngrams(ctx, buf, n, 1, NGRAM_MIN, NGRAM_MAX)
         if n < n_ctx:
             buf[n] = chunk[n]
             n += 1
-            update_ngrams(c_slots, c_keys, c_head, c_total, c_maxc, c_tok, c_cnt, c_next, c_meta, buf, n, 1,
-                    NGRAM_MIN, NGRAM_MAX)
+            update_ngrams(ctx, buf, n, 1, NGRAM_MIN, NGRAM_MAX)
     return n_drafted, n_accept
 
 
 def _run_chunk(chunk: np.ndarray, n_draft: int, buf: np.ndarray, source: LookupSource) -> tuple[int, int]:
-    ctx = source.context
-    return _replay_chunk(chunk, len(chunk), n_draft, buf, *ctx.tables, ctx.meta, *source.dynamic.tables,
-                         *source.static.arrays, CTX_A, CTX_P, DYN_A, DYN_P)
+    return _replay_chunk(chunk, len(chunk), n_draft, buf, source.context.tables, source.dynamic.tables,
+                         source.static.arrays)
 
 
 def _fresh_context(ctx: NgramCache, n_ctx: int) -> None:

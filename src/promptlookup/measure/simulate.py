@@ -1,9 +1,9 @@
 """Replay with a cost curve: what speculation would buy on a backend with that curve.
 
-The text itself stands in for the model (:class:`TextBackend` answers every verify with the
-text's true next tokens), so a replay runs the very same loop, sources and controller as a real
-generation; each verify step is charged the curve's cost for its width. Plain decoding of the same
-text costs one 1-token decode per token after the first.
+The text itself stands in for the model (:class:`~promptlookup.backends.text.TextBackend` answers
+every verify with the text's true next tokens), so a replay runs the very same loop, sources and
+controller as a real generation; each verify step is charged the curve's cost for its width.
+Plain decoding of the same text costs one 1-token decode per token after the first.
 
 The **hindsight oracle** knows, at every position, how many tokens of the source's longest draft
 the text would accept, and picks the draft length of every step to minimize total cost (a dynamic
@@ -16,43 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from promptlookup.backends.text import TextBackend
 from promptlookup.drafting.base import DraftSource
 from promptlookup.measure.costs import CostCurve
 from promptlookup.speculate import generate
-
-
-class TextBackend:
-    """A 'model' that always predicts the next token of a fixed text."""
-
-    name = "replay"
-
-    def __init__(self, stream: Sequence[int], n_ctx: int | None = None) -> None:
-        self.stream = list(stream)
-        self.n_ctx = n_ctx or len(self.stream) + 16
-        self.n_past = 0
-        self.widths: list[int] = []
-
-    def _next(self, pos: int) -> int:
-        # Past the end of the text there is nothing to predict; any token will do (never emitted).
-        return self.stream[pos + 1] if pos + 1 < len(self.stream) else -1
-
-    # A sampler is accepted and ignored: the text is what this "model" says, at any temperature.
-    def prefill(self, ids: Sequence[int], sampler: object = None) -> int:
-        self.n_past = len(ids)
-        self.widths = []
-        return self._next(self.n_past - 1)
-
-    def verify(self, ids: Sequence[int], sampler: object = None) -> list[int]:
-        start = self.n_past
-        self.n_past += len(ids)
-        self.widths.append(len(ids))
-        return [self._next(start + i) for i in range(len(ids))]
-
-    def rollback(self, n_keep: int) -> None:
-        self.n_past = n_keep
-
-    def is_eog(self, token: int) -> bool:
-        return False
 
 
 @dataclass

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import time
 
+from promptlookup.drafting.base import MAX_DRAFT
 from promptlookup.drafting.spec import Run, SourceSpec, options_of, source_factory
 from promptlookup.measure.costs import CostCurve
 from promptlookup.measure.replay import ReplayStats, read_text_tokens, replay
-from promptlookup.speculate import MAX_DRAFT
 
 
 def run_stats(text: str, model_path: str, n_ctx: int, spec: SourceSpec, verify: bool = False,
@@ -23,7 +23,7 @@ def run_stats(text: str, model_path: str, n_ctx: int, spec: SourceSpec, verify: 
     ``lookup`` replays with the compiled loop unless ``reference``; ``verify`` runs the full body
     checks of the static cache or corpus index at open (counted in the load time).
     """
-    from promptlookup.build.create import VocabTokenizer
+    from promptlookup.build.tokenizers import VocabTokenizer
 
     compiled = spec.name == "lookup" and not reference
     tok = VocabTokenizer(model_path)
@@ -57,7 +57,7 @@ def curve_from_arg(arg: str) -> CostCurve:
 def cost_simulation(text: str, model_path: str, n_ctx: int, spec: SourceSpec, curve: CostCurve) -> str:
     """``stats --cost-curve``: the text under ``spec`` at fixed draft lengths, under ``auto`` (with
     the spec's files) and the hindsight oracle, on a backend with that curve."""
-    from promptlookup.build.create import VocabTokenizer
+    from promptlookup.build.tokenizers import VocabTokenizer
     from promptlookup.measure.simulate import report_table, simulate_text
 
     tok = VocabTokenizer(model_path)

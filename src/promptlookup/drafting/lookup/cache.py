@@ -90,9 +90,17 @@ def _hash4(t0, t1, t2, t3):
     return h ^ (h >> np.uint64(32))
 
 
+# The table as every kernel takes it: one tuple (``NgramCache.tables``), its fields named by these
+# constants. numba reads ``tab[T_SLOTS]`` at compile time (a global int indexes a tuple statically),
+# so the bundle costs nothing per call, and adding a field is an edit here and in ``_retab``.
+T_SLOTS, T_KEYS, T_HEAD, T_TOTAL, T_MAXC, T_TOK, T_CNT, T_NEXT, T_META = range(9)
+
+
 @njit(cache=True)
-def find_ngram(slots, keys, t0, t1, t2, t3):
+def find_ngram(tab, t0, t1, t2, t3):
     """Id of the n-gram ``(t0..t3)`` or -1; the table is never more than half full, so this ends."""
+    slots = tab[T_SLOTS]
+    keys = tab[T_KEYS]
     mask = slots.shape[0] - 1
     i = np.int64(_hash4(t0, t1, t2, t3) & np.uint64(mask))
     while True:
@@ -105,7 +113,9 @@ def find_ngram(slots, keys, t0, t1, t2, t3):
 
 
 @njit(cache=True)
-def _add(slots, keys, head, total, maxc, e_tok, e_cnt, e_next, meta, t0, t1, t2, t3, tok, cnt):
+def _add(tab, t0, t1, t2, t3, tok, cnt):
+    slots, keys, head, total, maxc = tab[T_SLOTS], tab[T_KEYS], tab[T_HEAD], tab[T_TOTAL], tab[T_MAXC]
+    e_tok, e_cnt, e_next, meta = tab[T_TOK], tab[T_CNT], tab[T_NEXT], tab[T_META]
     mask = slots.shape[0] - 1
     i = np.int64(_hash4(t0, t1, t2, t3) & np.uint64(mask))
     while True:
@@ -145,7 +155,8 @@ def _add(slots, keys, head, total, maxc, e_tok, e_cnt, e_next, meta, t0, t1, t2,
 
 
 @njit(cache=True)
-def update_ngrams(slots, keys, head, total, maxc, e_tok, e_cnt, e_next, meta, seq, n, nnew, nmin, nmax):
+def update_ngrams(tab, seq, n, nnew, nmin, nmax):
+    """llama.cpp's ``common_ngram_cache_update`` over ``seq[:n]``, the last ``nnew`` tokens new."""
     for size in range(nmin, nmax + 1):
         start = max(n - nnew, size)
         for i in range(start, n):
@@ -154,27 +165,25 @@ def update_ngrams(slots, keys, head, total, maxc, e_tok, e_cnt, e_next, meta, se
             t1 = seq[b + 1] if size > 1 else -1
             t2 = seq[b + 2] if size > 2 else -1
             t3 = seq[b + 3] if size > 3 else -1
-            _add(slots, keys, head, total, maxc, e_tok, e_cnt, e_next, meta, t0, t1, t2, t3, seq[i], 1)
+            _add(tab, t0, t1, t2, t3, seq[i], 1)
 
 
 @njit(cache=True)
-def _merge(slots, keys, head, total, maxc, e_tok, e_cnt, e_next, meta,
-           o_keys, o_head, o_tok, o_cnt, o_next, o_n):
+def _merge(tab, other, o_n):
+    o_keys, o_head, o_tok, o_cnt, o_next = (other[T_KEYS], other[T_HEAD], other[T_TOK], other[T_CNT],
+                                            other[T_NEXT])
     for s in range(o_n):
         e = o_head[s]
         while e >= 0:
-            _add(slots, keys, head, total, maxc, e_tok, e_cnt, e_next, meta,
-                 o_keys[s, 0], o_keys[s, 1], o_keys[s, 2], o_keys[s, 3], o_tok[e], o_cnt[e])
+            _add(tab, o_keys[s, 0], o_keys[s, 1], o_keys[s, 2], o_keys[s, 3], o_tok[e], o_cnt[e])
             e = o_next[e]
 
 
 @njit(cache=True)
-def _add_records(slots, keys, head, total, maxc, e_tok, e_cnt, e_next, meta, r_keys, r_off, r_tok,
-                 r_cnt):
+def _add_records(tab, r_keys, r_off, r_tok, r_cnt):
     for r in range(r_keys.shape[0]):
         for j in range(r_off[r], r_off[r + 1]):
-            _add(slots, keys, head, total, maxc, e_tok, e_cnt, e_next, meta,
-                 r_keys[r, 0], r_keys[r, 1], r_keys[r, 2], r_keys[r, 3], r_tok[j], r_cnt[j])
+            _add(tab, r_keys[r, 0], r_keys[r, 1], r_keys[r, 2], r_keys[r, 3], r_tok[j], r_cnt[j])
 
 
 @njit(cache=True)
@@ -188,8 +197,9 @@ def _rehash(slots, keys, n):
 
 
 @njit(cache=True)
-def _records(keys, head, e_tok, e_cnt, e_next, n, n_entries):
+def _records(tab, n, n_entries):
     """Flatten to (offsets, tokens, counts) with each n-gram's followers sorted by token id."""
+    head, e_tok, e_cnt, e_next = tab[T_HEAD], tab[T_TOK], tab[T_CNT], tab[T_NEXT]
     off = np.zeros(n + 1, dtype=np.int64)
     tok = np.empty(n_entries, dtype=np.int32)
     cnt = np.empty(n_entries, dtype=np.int64)
@@ -225,14 +235,18 @@ class NgramCache:
         self._e_cnt = np.zeros(capacity, dtype=np.int64)
         self._e_next = np.full(capacity, -1, dtype=np.int32)
         self._meta = np.zeros(2, dtype=np.int64)  # [n-grams, follower entries]
+        self._retab()
+
+    def _retab(self) -> None:
+        self._tab = (self._slots, self._keys, self._head, self._total, self._maxc, self._e_tok, self._e_cnt,
+                     self._e_next, self._meta)
 
     # -- capacity ---------------------------------------------------------------------------
     @property
     def tables(self) -> tuple[np.ndarray, ...]:
-        """The hash table and entry arrays, in the order the compiled kernels take them (slots, keys,
-        head, total, maxc, e_tok, e_cnt, e_next); valid until the next insert grows them."""
-        return (self._slots, self._keys, self._head, self._total, self._maxc, self._e_tok, self._e_cnt,
-                self._e_next)
+        """Every array, as the compiled kernels take them: one tuple, fields at the ``T_*`` indices;
+        valid until the next insert grows them (then a new tuple is made)."""
+        return self._tab
 
     @property
     def meta(self) -> np.ndarray:
@@ -259,11 +273,7 @@ class NgramCache:
             self._e_tok = _grown(self._e_tok, size, 0)
             self._e_cnt = _grown(self._e_cnt, size, 0)
             self._e_next = _grown(self._e_next, size, -1)
-
-    @property
-    def _arrays(self) -> tuple:
-        return (self._slots, self._keys, self._head, self._total, self._maxc,
-                self._e_tok, self._e_cnt, self._e_next, self._meta)
+        self._retab()
 
     # -- the API of the reference -----------------------------------------------------------
     def update(self, tokens: Sequence[int] | np.ndarray, nnew: int | None = None,
@@ -277,18 +287,18 @@ class NgramCache:
             return
         sizes = ngram_max - ngram_min + 1
         self.reserve(sizes * nnew, sizes * nnew)
-        update_ngrams(*self._arrays, seq, n, nnew, ngram_min, ngram_max)
+        update_ngrams(self._tab, seq, n, nnew, ngram_min, ngram_max)
 
     def add(self, ngram: Sequence[int], token: int, count: int = 1) -> None:
         k = _key(ngram) + (PAD,) * (NGRAM_MAX - len(ngram))
         self.reserve(1, 1)
-        _add(*self._arrays, k[0], k[1], k[2], k[3], int(token), int(count))
+        _add(self._tab, k[0], k[1], k[2], k[3], int(token), int(count))
 
     def get(self, ngram: Sequence[int]) -> dict[int, int]:
         k = tuple(int(t) for t in ngram) + (PAD,) * (NGRAM_MAX - len(ngram))
         if len(k) != NGRAM_MAX:
             return {}
-        s = find_ngram(self._slots, self._keys, *k)
+        s = find_ngram(self._tab, *k)
         out: dict[int, int] = {}
         if s >= 0:
             e = int(self._head[s])
@@ -301,8 +311,7 @@ class NgramCache:
         """Add every count of ``other`` into this cache (llama.cpp's ``common_ngram_cache_merge``)."""
         if isinstance(other, NgramCache):
             self.reserve(len(other), other.n_entries)
-            _merge(*self._arrays, other._keys, other._head, other._e_tok, other._e_cnt,
-                   other._e_next, len(other))
+            _merge(self._tab, other.tables, len(other))
         else:
             for ngram, part in other.items():
                 for tok, cnt in part.items():
@@ -311,14 +320,14 @@ class NgramCache:
     def add_records(self, keys: np.ndarray, off: np.ndarray, tok: np.ndarray, cnt: np.ndarray) -> None:
         """Bulk add of flattened records: ``keys[r]`` (4 slots) has followers ``tok/cnt[off[r]:off[r+1]]``."""
         self.reserve(len(keys), len(tok))
-        _add_records(*self._arrays, np.ascontiguousarray(keys, dtype=np.int32),
+        _add_records(self._tab, np.ascontiguousarray(keys, dtype=np.int32),
                      np.ascontiguousarray(off, dtype=np.int64), np.ascontiguousarray(tok, dtype=np.int32),
                      np.ascontiguousarray(cnt, dtype=np.int64))
 
     def records(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(keys int32[N,4], offsets int64[N+1], tokens int32[M], counts int64[M]), in insertion order."""
         n, m = len(self), self.n_entries
-        off, tok, cnt = _records(self._keys, self._head, self._e_tok, self._e_cnt, self._e_next, n, m)
+        off, tok, cnt = _records(self._tab, n, m)
         return self._keys[:n].copy(), off, tok, cnt
 
     def items(self) -> Iterator[tuple[Key, dict[int, int]]]:

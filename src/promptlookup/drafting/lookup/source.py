@@ -35,9 +35,27 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from numba import njit
 
-from promptlookup.drafting.base import Draft
-from promptlookup.drafting.lookup.cache import NGRAM_MAX, NGRAM_STATIC, NgramCache, find_ngram
+from promptlookup.drafting.base import Draft, TokenBuffer, make_draft
+from promptlookup.drafting.lookup.cache import (
+    NGRAM_MAX,
+    NGRAM_STATIC,
+    T_CNT,
+    T_HEAD,
+    T_MAXC,
+    T_NEXT,
+    T_TOK,
+    T_TOTAL,
+    NgramCache,
+    find_ngram,
+)
 from promptlookup.drafting.lookup.static_cache import (
+    S_FIRST_OFF,
+    S_FOL_COUNT,
+    S_FOL_TOKEN,
+    S_KEY_DRAFT,
+    S_KEY_OFF,
+    S_KEY_SECOND,
+    S_KEY_TOTAL,
     STATIC_MIN_PERCENT,
     STATIC_MIN_TOTAL,
     StaticCache,
@@ -119,32 +137,37 @@ def draft_reference(seq: Sequence[int], k: int, context=None, dynamic=None, stat
 
 
 # -- the numba twin -----------------------------------------------------------------------------
-CTX_A = np.array(CONTEXT_MIN_SAMPLE, dtype=np.int64)
-CTX_P = np.array(CONTEXT_MIN_PERCENT, dtype=np.int64)
-DYN_A = np.array(DYNAMIC_MIN_SAMPLE, dtype=np.int64)
-DYN_P = np.array(DYNAMIC_MIN_PERCENT, dtype=np.int64)
-
+# The kernels take each cache as one tuple (``NgramCache.tables``: fields at ``T_*``, the static
+# cache's ``StaticCache.arrays``: at ``S_*``) and the thresholds as a global array, which numba
+# freezes into the compiled code: changing what a cache holds is an edit to its class and its
+# constants, never to these signatures or their callers.
+LIMITS = np.array([CONTEXT_MIN_SAMPLE, CONTEXT_MIN_PERCENT, DYNAMIC_MIN_SAMPLE, DYNAMIC_MIN_PERCENT],
+                  dtype=np.int64)
+L_CONTEXT, L_DYNAMIC = 0, 2  # a cache's rows in LIMITS: min sample, then min percent
 
 _NEED_STATIC = -2  # _try_primary: a scan needs the static part, which is not looked up yet
 
 
 @njit(cache=True)
-def _static_part(first_off, key_second, key_off, n_fol, t0, t1):
+def _static_part(static, t0, t1):
     """The static cache's answer for the 2-gram (t0, t1): (key or -1, first follower, end of followers)."""
-    key = static_key(first_off, key_second, t0, t1)
-    lo, hi = follower_range(key_off, n_fol, key)
+    key = static_key(static[S_FIRST_OFF], static[S_KEY_SECOND], t0, t1)
+    lo, hi = follower_range(static[S_KEY_OFF], static[S_FOL_TOKEN].shape[0], key)
     return key, lo, hi
 
 
 @njit(cache=True)
-def _try_primary(buf, m, n_top, slots, keys, head, total, maxc, e_tok, e_cnt, e_next, min_a, min_p,
-                 fol_token, fol_count, s_lo, s_hi, info):
+def _try_primary(buf, m, n_top, tab, row, static, s_lo, s_hi, info):
     """One cache's draft: the best follower of its first passing n-gram, n = n_top .. 1, or -1.
 
-    ``s_lo < 0``: the static part is not looked up yet (then ``s_hi < 0`` too). A lone follower wins
-    whatever its static weight, so only a scan of two or more followers needs it: then this returns
-    _NEED_STATIC with that n in ``info[0]``, to be called again from that n with the static part.
+    ``row``: the cache's thresholds in LIMITS. ``s_lo < 0``: the static part is not looked up yet
+    (then ``s_hi < 0`` too). A lone follower wins whatever its static weight, so only a scan of two
+    or more followers needs it: then this returns _NEED_STATIC with that n in ``info[0]``, to be
+    called again from that n with the static part.
     """
+    total, maxc, e_tok, e_cnt, e_next = tab[T_TOTAL], tab[T_MAXC], tab[T_TOK], tab[T_CNT], tab[T_NEXT]
+    head = tab[T_HEAD]
+    fol_token, fol_count = static[S_FOL_TOKEN], static[S_FOL_COUNT]
     for n in range(4, 0, -1):  # a constant range: the compiler unrolls it
         if n > m or n > n_top:
             continue
@@ -153,13 +176,15 @@ def _try_primary(buf, m, n_top, slots, keys, head, total, maxc, e_tok, e_cnt, e_
         t1 = buf[b + 1] if n > 1 else -1
         t2 = buf[b + 2] if n > 2 else -1
         t3 = buf[b + 3] if n > 3 else -1
-        s = find_ngram(slots, keys, t0, t1, t2, t3)
+        s = find_ngram(tab, t0, t1, t2, t3)
         if s < 0:
             continue
         tot = total[s]
+        min_a = LIMITS[row, n - 1]
+        min_p = LIMITS[row + 1, n - 1]
         # Both tests of the rule, decided before the follower scan when they must fail: the best
         # follower's count is at most the largest count, so this rejects exactly what the scan would.
-        if tot < min_a[n - 1] or 100 * maxc[s] < min_p[n - 1] * tot:
+        if tot < min_a or 100 * maxc[s] < min_p * tot:
             continue
         best_tok = -1
         best_cnt = np.int64(0)
@@ -182,7 +207,7 @@ def _try_primary(buf, m, n_top, slots, keys, head, total, maxc, e_tok, e_cnt, e_
                 best_cnt = cnt
                 best_score = score
             e = e_next[e]
-        if 100 * best_cnt < min_p[n - 1] * tot:
+        if 100 * best_cnt < min_p * tot:
             continue
         info[0] = n
         info[1] = best_cnt
@@ -192,43 +217,38 @@ def _try_primary(buf, m, n_top, slots, keys, head, total, maxc, e_tok, e_cnt, e_
 
 
 @njit(cache=True)
-def draft_core(buf, n, k,
-                c_slots, c_keys, c_head, c_total, c_maxc, c_tok, c_cnt, c_next,
-                d_slots, d_keys, d_head, d_total, d_maxc, d_tok, d_cnt, d_next,
-                first_off, key_second, key_draft, key_total, key_off, fol_token, fol_count,
-                ctx_a, ctx_p, dyn_a, dyn_p, info, sub):
-    """The static cache is asked about a token's 2-gram only when the answer matters (a scan of two or
+def draft_core(buf, n, k, ctx, dyn, static, info, sub):
+    """Write up to ``k`` drafted tokens at ``buf[n:]`` from the context cache ``ctx``, the dynamic
+    cache ``dyn`` (both ``NgramCache.tables``) and ``static`` (``StaticCache.arrays``); return how
+    many. ``info`` gets the first's origin, n-gram size, count and total; ``sub`` is scratch (3).
+
+    The static cache is asked about a token's 2-gram only when the answer matters (a scan of two or
     more followers, or the fall-back), and at most once per drafted token."""
     if n < 2:
         return 0
     d = 0
-    n_fol = fol_token.shape[0]
-    n_keys = key_second.shape[0]
+    n_keys = static[S_KEY_SECOND].shape[0]
+    key_draft, key_total = static[S_KEY_DRAFT], static[S_KEY_TOTAL]
+    fol_token, fol_count = static[S_FOL_TOKEN], static[S_FOL_COUNT]
     while d < k:
         m = n + d
         key = np.int64(-1)
         s_lo = np.int64(-1 if n_keys else 0)  # -1: not looked up yet (an empty cache has nothing)
         s_hi = np.int64(-1 if n_keys else 0)
         origin = 1
-        tok = _try_primary(buf, m, 4, c_slots, c_keys, c_head, c_total, c_maxc, c_tok, c_cnt, c_next,
-                           ctx_a, ctx_p, fol_token, fol_count, s_lo, s_hi, sub)
+        tok = _try_primary(buf, m, 4, ctx, L_CONTEXT, static, s_lo, s_hi, sub)
         if tok == _NEED_STATIC:
-            key, s_lo, s_hi = _static_part(first_off, key_second, key_off, n_fol, buf[m - 2], buf[m - 1])
-            tok = _try_primary(buf, m, sub[0], c_slots, c_keys, c_head, c_total, c_maxc, c_tok, c_cnt,
-                               c_next, ctx_a, ctx_p, fol_token, fol_count, s_lo, s_hi, sub)
+            key, s_lo, s_hi = _static_part(static, buf[m - 2], buf[m - 1])
+            tok = _try_primary(buf, m, sub[0], ctx, L_CONTEXT, static, s_lo, s_hi, sub)
         if tok < 0:
             origin = 2
-            tok = _try_primary(buf, m, 4, d_slots, d_keys, d_head, d_total, d_maxc, d_tok, d_cnt, d_next,
-                               dyn_a, dyn_p, fol_token, fol_count, s_lo, s_hi, sub)
+            tok = _try_primary(buf, m, 4, dyn, L_DYNAMIC, static, s_lo, s_hi, sub)
             if tok == _NEED_STATIC:
-                key, s_lo, s_hi = _static_part(first_off, key_second, key_off, n_fol, buf[m - 2],
-                                               buf[m - 1])
-                tok = _try_primary(buf, m, sub[0], d_slots, d_keys, d_head, d_total, d_maxc, d_tok, d_cnt,
-                                   d_next, dyn_a, dyn_p, fol_token, fol_count, s_lo, s_hi, sub)
+                key, s_lo, s_hi = _static_part(static, buf[m - 2], buf[m - 1])
+                tok = _try_primary(buf, m, sub[0], dyn, L_DYNAMIC, static, s_lo, s_hi, sub)
         if tok < 0:
             if s_lo < 0:
-                key, s_lo, s_hi = _static_part(first_off, key_second, key_off, n_fol, buf[m - 2],
-                                               buf[m - 1])
+                key, s_lo, s_hi = _static_part(static, buf[m - 2], buf[m - 1])
             if 0 <= key < n_keys and s_hi > s_lo:
                 best = key_draft[key]
                 if best >= 0:
@@ -256,18 +276,10 @@ def draft_core(buf, n, k,
 
 
 @njit(cache=True)
-def _draft(buf, n, k,
-           c_slots, c_keys, c_head, c_total, c_maxc, c_tok, c_cnt, c_next,
-           d_slots, d_keys, d_head, d_total, d_maxc, d_tok, d_cnt, d_next,
-           first_off, key_second, key_draft, key_total, key_off, fol_token, fol_count,
-           ctx_a, ctx_p, dyn_a, dyn_p, info):
-    """Write up to ``k`` drafted tokens at ``buf[n:]``; return how many. ``info`` gets the first's
-    origin, n-gram size, count and total."""
+def _draft(buf, n, k, ctx, dyn, static, info):
+    """:func:`draft_core` with its scratch made here (one Python-to-numba call per draft)."""
     sub = np.zeros(3, dtype=np.int64)
-    return draft_core(buf, n, k, c_slots, c_keys, c_head, c_total, c_maxc, c_tok, c_cnt, c_next,
-                       d_slots, d_keys, d_head, d_total, d_maxc, d_tok, d_cnt, d_next,
-                       first_off, key_second, key_draft, key_total, key_off, fol_token, fol_count,
-                       ctx_a, ctx_p, dyn_a, dyn_p, info, sub)
+    return draft_core(buf, n, k, ctx, dyn, static, info, sub)
 
 
 def draft_into(buf: np.ndarray, n: int, k: int, context: NgramCache, dynamic: NgramCache,
@@ -276,8 +288,7 @@ def draft_into(buf: np.ndarray, n: int, k: int, context: NgramCache, dynamic: Ng
     if len(buf) < n + k:
         raise ValueError(f"draft buffer holds {len(buf)} tokens, {n + k} needed")
     info = np.zeros(4, dtype=np.int64) if info is None else info
-    return int(_draft(buf, n, k, *context.tables, *dynamic.tables, *static.arrays,
-                      CTX_A, CTX_P, DYN_A, DYN_P, info))
+    return int(_draft(buf, n, k, context.tables, dynamic.tables, static.arrays, info))
 
 
 def draft_fast(seq: Sequence[int], k: int, context: NgramCache | None = None,
@@ -290,7 +301,7 @@ def draft_fast(seq: Sequence[int], k: int, context: NgramCache | None = None,
     return [int(t) for t in buf[len(seq) : len(seq) + d]]
 
 
-class LookupSource:
+class LookupSource(TokenBuffer):
     """``--lookup``: a DraftSource over the context cache (built here), a dynamic and a static cache.
 
     ``commit()`` merges the context cache into the dynamic one and empties it: llama.cpp does this at
@@ -300,22 +311,11 @@ class LookupSource:
     name = "lookup"
 
     def __init__(self, static: StaticCache | None = None, dynamic: NgramCache | None = None) -> None:
+        super().__init__()
         self.static = static if static is not None else empty_static()
         self.dynamic = dynamic if dynamic is not None else NgramCache(16)
         self.context = NgramCache()
-        self._buf = np.zeros(1024, dtype=np.int32)
-        self._n = 0
         self._info = np.zeros(4, dtype=np.int64)
-
-    @property
-    def tokens(self) -> np.ndarray:
-        return self._buf[: self._n]
-
-    def _room(self, m: int) -> None:
-        if m > len(self._buf):
-            grown = np.zeros(max(2 * len(self._buf), m), dtype=np.int32)
-            grown[: self._n] = self._buf[: self._n]
-            self._buf = grown
 
     def reset(self, prompt: Sequence[int]) -> None:
         self.context.clear()
@@ -326,25 +326,20 @@ class LookupSource:
         m = len(tokens)
         if not m:
             return
-        self._room(self._n + m)
-        self._buf[self._n : self._n + m] = tokens
-        self._n += m
+        self._append(tokens)
         self.context.update(self._buf, nnew=m, n=self._n)
 
     def propose(self, k: int) -> Draft:
         if k <= 0:
-            return Draft(source=self.name)
+            return make_draft((), self.name)
         self._room(self._n + k)
         self._info[:] = 0
         d = draft_into(self._buf, self._n, k, self.context, self.dynamic, self.static, self._info)
-        origin, size, count, total = (int(x) for x in self._info)
-        return Draft(
-            tokens=tuple(int(t) for t in self._buf[self._n : self._n + d]),
-            source=self.name,
-            match_len=size,
-            features={"origin": float(origin), "count": float(count), "total": float(total)}
-            if d else {},
-        )
+        if not d:  # nothing drafted: info stays zero
+            return make_draft((), self.name)
+        origin, size, count, total = self._info.tolist()
+        return make_draft(tuple(self._buf[self._n : self._n + d].tolist()), self.name, size,
+                          {"origin": float(origin), "count": float(count), "total": float(total)})
 
     def commit(self) -> None:
         self.dynamic.merge(self.context)

@@ -6,7 +6,8 @@ corpus). Here the file *is* the index: opening it reads a 64-byte header and map
 memory it costs is the pages lookups touch. Seed 001's last two changes are built in: every key's
 followers are contiguous and sorted, and the key set is a flat read-only structure.
 
-Layout, version 2, all little-endian, every section 4-byte aligned::
+Layout, version 2, all little-endian, every section 4-byte aligned; the header follows
+:class:`promptlookup.fileio.BinaryHeader`, the rule every binary file here shares::
 
     0   magic        8 bytes  b"PLSTATIC"
     8   version      u32      2
@@ -55,8 +56,6 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-import struct
-import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -64,21 +63,28 @@ import numpy as np
 from numba import njit
 
 from promptlookup.errors import InputError, UserError
-from promptlookup.fileio import atomic_write
-from promptlookup.formats import kind_of
+from promptlookup.fileio import BinaryHeader, atomic_write, crc32_of
 
 MAGIC = b"PLSTATIC"
 VERSION = 2
 NGRAM_SIZE = 2
-HEADER = struct.Struct("<8sII16sQQQII")
-HEADER_SIZE = HEADER.size  # 64
+HEADER_SIZE = 64
 U32_MAX = 2**32 - 1
 STATIC_MIN_TOTAL = 2  # llama.cpp: draft_min_sample_size_lax[LLAMA_NGRAM_STATIC - 1]
 STATIC_MIN_PERCENT = 50  # llama.cpp: draft_min_percent_lax[LLAMA_NGRAM_STATIC - 1]
 
 
+# ``StaticCache.arrays``, the tuple the compiled draft takes, has its fields at these indices
+S_FIRST_OFF, S_KEY_SECOND, S_KEY_DRAFT, S_KEY_TOTAL, S_KEY_OFF, S_FOL_TOKEN, S_FOL_COUNT = range(7)
+
+
 class CacheFormatError(UserError, ValueError):
     """A cache file that cannot be used; the message names the file and the problem."""
+
+
+# promptlookup.fileio's header rule; the format's u32 is the n-gram size, its fields the three sizes
+HEADER = BinaryHeader(MAGIC, VERSION, "static cache", "QQQ", HEADER_SIZE,
+                      "rebuild it from its corpus with `promptlookup create`", CacheFormatError)
 
 
 def _sizes(n_vocab: int, n_keys: int, n_fol: int) -> list[tuple[str, str, int]]:
@@ -124,7 +130,7 @@ class StaticCache:
 
     @property
     def arrays(self) -> tuple[np.ndarray, ...]:
-        """In the order the numba draft takes them."""
+        """The arrays as the numba draft takes them: one tuple, fields at the ``S_*`` indices."""
         return (self.first_off, self.key_second, self.key_draft, self.key_total, self.key_off,
                 self.fol_token, self.fol_count)
 
@@ -324,12 +330,8 @@ def write_static(path: str | os.PathLike[str], cache: StaticCache) -> int:
     """Write ``cache`` atomically; returns the file size."""
     body = [np.ascontiguousarray(getattr(cache, name), dtype=dt)
             for name, dt, _ in _sizes(cache.n_vocab, cache.n_keys, cache.n_followers)]
-    crc = 0
-    for b in body:
-        crc = zlib.crc32(memoryview(b).cast("B"), crc)
-    head = HEADER.pack(MAGIC, VERSION, NGRAM_SIZE, cache.fingerprint.encode("ascii"), cache.n_vocab,
-                       cache.n_keys, cache.n_followers, crc, 0)
-    head = head[:60] + struct.pack("<I", zlib.crc32(head[:60]))
+    head = HEADER.pack(NGRAM_SIZE, cache.fingerprint, (cache.n_vocab, cache.n_keys, cache.n_followers),
+                       crc32_of(body))
     atomic_write(path, [head, *(memoryview(b).cast("B") for b in body)])
     return file_size(cache.n_vocab, cache.n_keys, cache.n_followers)
 
@@ -351,7 +353,7 @@ def open_static(path: str | os.PathLike[str], fingerprint: str | None = None,
         with open(path, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
             if size < HEADER_SIZE:
-                raise CacheFormatError(f"{path}: not a static cache (only {size} bytes, header is 64)")
+                HEADER.read(fh.read(), str(path))  # raises: too short
             mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
     except OSError as exc:
         raise CacheFormatError(f"{path}: cannot open static cache: {exc.strerror}") from None
@@ -364,24 +366,15 @@ def open_static(path: str | os.PathLike[str], fingerprint: str | None = None,
 
 
 def _open_mapped(path: Path, mm: mmap.mmap, size: int, fingerprint: str | None, verify: bool) -> StaticCache:
-    head = mm[:HEADER_SIZE]
-    magic, version, ngram, fp_raw, n_vocab, n_keys, n_fol, body_crc, head_crc = HEADER.unpack(head)
-    if magic != MAGIC:
-        kind = kind_of(head)
-        raise CacheFormatError(f"{path}: not a promptlookup static cache (bad magic {magic!r}"
-                               + (f"; it is {kind})" if kind else ")"))
-    if version != VERSION:
-        hint = "; rebuild it from its corpus with `promptlookup create`" if version < VERSION else ""
-        raise CacheFormatError(f"{path}: static cache version {version} is not supported "
-                               f"(this reads {VERSION}){hint}")
-    if zlib.crc32(head[:60]) != head_crc:
-        raise CacheFormatError(f"{path}: static cache header is corrupt (checksum mismatch)")
-    if ngram != NGRAM_SIZE:
-        raise CacheFormatError(f"{path}: n-gram size {ngram} is not supported (static caches hold 2-grams)")
+    head = HEADER.read(mm[:HEADER_SIZE], str(path), fingerprint)
+    n_vocab, n_keys, n_fol = head.fields
+    if head.param != NGRAM_SIZE:
+        raise CacheFormatError(f"{path}: n-gram size {head.param} is not supported "
+                               "(static caches hold 2-grams)")
+    fp = head.fingerprint
     try:
-        fp = fp_raw.decode("ascii")
         _check_fingerprint_text(fp)
-    except (UnicodeDecodeError, ValueError):
+    except ValueError:
         raise CacheFormatError(f"{path}: static cache header has a malformed tokenizer fingerprint") from None
     if not 1 <= n_vocab <= 2**31 - 1 or n_keys > U32_MAX or n_fol > U32_MAX or n_keys > n_fol:
         raise CacheFormatError(f"{path}: static cache header has impossible sizes "
@@ -390,9 +383,6 @@ def _open_mapped(path: Path, mm: mmap.mmap, size: int, fingerprint: str | None, 
     if size != want:
         what = "truncated" if size < want else "has trailing bytes"
         raise CacheFormatError(f"{path}: static cache is {what} ({size} bytes, header says {want})")
-    if fingerprint is not None and fp != fingerprint:
-        raise CacheFormatError(f"{path}: static cache was built for another tokenizer "
-                               f"(fingerprint {fp}, this model's is {fingerprint})")
     arrays: dict[str, np.ndarray] = {}
     pos = HEADER_SIZE
     for name, dt, n in _sizes(n_vocab, n_keys, n_fol):
@@ -401,15 +391,14 @@ def _open_mapped(path: Path, mm: mmap.mmap, size: int, fingerprint: str | None, 
     cache = StaticCache(arrays, n_vocab, fp, path=path, mm=mm)
     arrays.clear()
     if verify:
-        with memoryview(mm) as view:
-            crc_ok = zlib.crc32(view[HEADER_SIZE:]) == body_crc
-        problem = None if crc_ok else "body is corrupt (checksum mismatch)"
-        if problem is None:
+        try:
+            HEADER.check_body(mm, head.body_crc, str(path))
             problem = check_structure(cache)
-            problem = problem and f"is inconsistent: {problem}"
-        if problem:
+            if problem:
+                raise CacheFormatError(f"{path}: static cache is inconsistent: {problem}")
+        except CacheFormatError:
             cache.close()
-            raise CacheFormatError(f"{path}: static cache {problem}")
+            raise
     return cache
 
 

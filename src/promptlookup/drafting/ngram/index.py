@@ -209,20 +209,6 @@ def _rehash(corpus, tab, old):
         tab[i] = v
 
 
-def compiled_entry(dispatcher, *args):
-    """The compiled build of ``dispatcher`` for the types of ``args``, compiled (or loaded) by calling it
-    with them: calling the build skips numba's per-call type dispatch (a few hundred ns with array
-    arguments). Only for arguments of exactly those types (the caller's own arrays). Falls back to the
-    dispatcher itself where numba does not expose the build (or runs uncompiled: NUMBA_DISABLE_JIT)."""
-    dispatcher(*args)
-    try:
-        from numba import typeof
-
-        return dispatcher.overloads[tuple(typeof(a) for a in args)].entry_point
-    except (AttributeError, KeyError, TypeError):
-        return dispatcher
-
-
 class SuffixIndex:
     """The index over one growing int32 buffer; the owner passes the buffer and its length each call.
 

@@ -22,13 +22,12 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from numba import njit
 
-from promptlookup.drafting.base import Draft
+from promptlookup.drafting.base import Draft, TokenBuffer, compiled_entry, make_draft
 from promptlookup.drafting.ngram.index import (
     KEYS,
     STATE_MAX_MATCH,
     STATE_MIN_MATCH,
     SuffixIndex,
-    compiled_entry,
     draft_span,
 )
 from promptlookup.drafting.spec import DRAFT, Option, Run, SourceSpec, SpecError
@@ -111,17 +110,14 @@ def _scan_span(corpus, n, k, tab, state):
     return end + 1, min(end + 1 + k, n), length
 
 
-_new = object.__new__
-
-
-class SuffixMatchSource:
+class SuffixMatchSource(TokenBuffer):
     """``--ngram``: a draft source over a growable int32 buffer of the confirmed tokens.
 
     The index only ever grows with the buffer; ``reset`` empties both, so nothing has to follow the
     KV cache back on a rejected draft (rejected tokens are never appended).
 
     A drafting call is one compiled call (index the new tokens, match, gate, clip: ``_span``, called
-    through its compiled build, see :func:`~promptlookup.drafting.ngram.index.compiled_entry`) plus the
+    through its compiled build, see :func:`~promptlookup.drafting.base.compiled_entry`) plus the
     returned :class:`Draft`; empty drafts are built once per match length.
     """
 
@@ -136,12 +132,11 @@ class SuffixMatchSource:
             )
         if max_match > MAX_MATCH_LIMIT:
             raise ValueError(f"ngram max-match must be at most {MAX_MATCH_LIMIT}, got {max_match}")
+        super().__init__()
         self._min_match = min_match
         self._max_match = max_match
-        self._buf = np.zeros(1024, dtype=np.int32)
-        self._n = 0
         # empty drafts are immutable: one per match length (0 .. max_match)
-        self._abstain = [Draft(source=self.name, match_len=m) for m in range(max_match + 1)]
+        self._abstain = [make_draft((), self.name, m) for m in range(max_match + 1)]
         if max_match <= INDEX_MAX_MATCH:
             self._index: SuffixIndex | None = SuffixIndex(max_match, min_match=min_match)
             self._tab, self._state = self._index.tab, self._index.state
@@ -164,28 +159,14 @@ class SuffixMatchSource:
     def max_match(self) -> int:
         return self._max_match
 
-    @property
-    def tokens(self) -> np.ndarray:
-        """The confirmed tokens so far (a view; do not keep it across ``extend``)."""
-        return self._buf[: self._n]
-
     def reset(self, prompt: Sequence[int]) -> None:
         self._n = 0
         if self._index is not None:
             self._index.reset()
         self.extend(prompt)
 
-    def extend(self, tokens: Sequence[int]) -> None:
-        m = len(tokens)
-        if self._n + m > len(self._buf):
-            grown = np.zeros(max(2 * len(self._buf), self._n + m), dtype=np.int32)
-            grown[: self._n] = self._buf[: self._n]
-            self._buf = grown
-        if m == 1:
-            self._buf[self._n] = tokens[0]  # the common case, without building an array
-        else:
-            self._buf[self._n : self._n + m] = tokens
-        self._n += m
+    # the index catches up inside the next propose: appending is all there is to do
+    extend = TokenBuffer._append
 
     def propose(self, k: int) -> Draft:
         buf = self._buf
@@ -196,15 +177,7 @@ class SuffixMatchSource:
                 self._tab = self._index.tab
                 return self.propose(k)
             return self._abstain[length]
-        # Draft(tokens=..., source=..., match_len=...) without the frozen dataclass's __init__ (its
-        # four object.__setattr__ calls cost more than the rest of the call): the same fields, in order.
-        draft = _new(Draft)
-        fields = draft.__dict__
-        fields["tokens"] = tuple(buf[start:stop].tolist())
-        fields["source"] = self.name
-        fields["match_len"] = length
-        fields["features"] = {}
-        return draft
+        return make_draft(tuple(buf[start:stop].tolist()), self.name, length)
 
     def commit(self) -> None:
         """Nothing carries over: the next request's ``reset`` starts from its own prompt."""

@@ -45,6 +45,8 @@ E_NEXT, E_TOK, E_TO = range(3)
 M_STATES, M_EDGES, M_LASTSTATE, M_POS, M_DEPTH, M_GV, M_GM = range(7)  # GV, GM: a matcher's (v, m)
 M_CORPUS = 8  # slots 8..10: a corpus match's (lo, hi, length) while drafting
 N_META = 16
+# ``SuffixAutomaton.tables``, the tuple a kernel outside this module takes, has its arrays here
+A_ST, A_ED, A_HK, A_HV, A_META = range(5)
 
 _EMPTY = np.int64(-1)
 
@@ -246,6 +248,8 @@ class SuffixAutomaton:
         self.hk = np.full(hcap, -1, dtype=np.int64)
         self.hv = np.zeros(hcap, dtype=np.int32)
         self.cap_tokens = cap_tokens
+        # one tuple for the kernels (fields at A_*): a new array means a new tuple, made only here
+        self.tables = (self.st, self.ed, self.hk, self.hv, self.meta)
 
     def clear(self) -> None:
         self.meta[M_STATES] = 0

@@ -26,7 +26,8 @@ File layout (little-endian), written atomically (temp file + ``os.replace``)::
     128     i32[n_tokens] tokens, padding to 8, i64[n_vocab + 1] buckets (the first SA index of the
             suffixes starting with each token; buckets[n_vocab] == n_tokens), i32/i64[n_tokens] SA
 
-Opening checks the header (magic, version, CRC, fingerprint, every offset equal to the one the
+The header follows :class:`promptlookup.fileio.BinaryHeader`, the rule every binary file here
+shares. Opening checks the header (magic, version, CRC, fingerprint, every offset equal to the one the
 sizes imply, the file size) and the buckets (monotone, 0 to ``n_tokens``); the kernels check every
 position they read from the suffix array and every token they use as an index, so a corrupt body
 gives wrong drafts or an error, never a crash or a read out of bounds. :meth:`CorpusIndex.verify`
@@ -39,26 +40,31 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-import struct
-import zlib
 from collections.abc import Sequence
 
 import numpy as np
 from numba import njit
 
 from promptlookup.errors import UserError
-from promptlookup.fileio import atomic_write
-from promptlookup.formats import kind_of
+from promptlookup.fileio import BinaryHeader, atomic_write, crc32_of
 
 MAGIC = b"PLSUFIDX"
 VERSION = 1
-HEADER = struct.Struct("<8sII16sQQQQQQI40sI")
-assert HEADER.size == 128
 DEFAULT_MAX_MATCH = 32  # longest context suffix searched in the corpus
+
+
+# ``CorpusIndex.arrays``, the tuple the drafting kernel takes, has its arrays at these indices
+X_TOKENS, X_SA, X_BUCKETS = range(3)
 
 
 class CorpusIndexError(UserError, ValueError):
     """A corpus index file that is not ours, not for this tokenizer, truncated or corrupt."""
+
+
+# promptlookup.fileio's header rule; the format's u32 is the suffix-array item size, its fields
+# n_vocab, n_tokens, the three section offsets and the file size
+HEADER = BinaryHeader(MAGIC, VERSION, "corpus index", "QQQQQQ", 128,
+                      "rebuild it with this model's tokenizer (`promptlookup index`)", CorpusIndexError)
 
 
 def _layout(n_tokens: int, n_vocab: int, item: int) -> tuple[int, int, int, int]:
@@ -153,20 +159,13 @@ def write_index(path: str | os.PathLike[str], tokens: np.ndarray, sa: np.ndarray
         raise ValueError("suffix array and tokens differ in length")
     if n and (int(tokens.min()) < 0 or int(tokens.max()) >= n_vocab):
         raise ValueError(f"token ids must be in 0..{n_vocab - 1}")
-    fp = fingerprint.encode("ascii")
-    if len(fp) > 16:
-        raise ValueError("a tokenizer fingerprint is at most 16 ASCII characters")
     item = 4 if n < 2**31 - 1 else 8
     sa = np.ascontiguousarray(sa, dtype="<i4" if item == 4 else "<i8")
     t_off, b_off, s_off, size = _layout(n, n_vocab, item)
     pad = b"\0" * (b_off - t_off - 4 * n)
     body = [memoryview(tokens).cast("B"), pad, buckets_of(tokens, n_vocab).astype("<i8").tobytes(),
             memoryview(sa).cast("B")]
-    crc = 0
-    for chunk in body:
-        crc = zlib.crc32(chunk, crc)
-    head = HEADER.pack(MAGIC, VERSION, item, fp, n_vocab, n, t_off, b_off, s_off, size, crc, b"", 0)
-    head = head[:124] + struct.pack("<I", zlib.crc32(head[:124]))
+    head = HEADER.pack(item, fingerprint, (n_vocab, n, t_off, b_off, s_off, size), crc32_of(body))
     atomic_write(path, [head, *body])
     return size
 
@@ -191,8 +190,14 @@ class CorpusIndex:
     def n_tokens(self) -> int:
         return len(self.tokens)
 
+    @property
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The arrays as the drafting kernel takes them: one tuple, fields at the ``X_*`` indices."""
+        return (self.tokens, self.sa, self.buckets)
+
     def close(self) -> None:
-        self.tokens = self.sa = np.zeros(0, np.int32)
+        # empty arrays of the same types: a source holding a compiled build for them stays sound
+        self.tokens, self.sa = _emptied(self.tokens), _emptied(self.sa)
         if self._mm is not None:
             with contextlib.suppress(BufferError):  # a live view keeps the mapping; it goes with it
                 self._mm.close()
@@ -204,9 +209,7 @@ class CorpusIndex:
             return CorpusIndexError(f"{self.path}: corrupt corpus index: {why}")
 
         if self._mm is not None:
-            t_off = HEADER.size
-            if zlib.crc32(memoryview(self._mm)[t_off:]) != self.crc:
-                raise bad("checksum mismatch")
+            HEADER.check_body(self._mm, self.crc, self.path)
         n = len(self.tokens)
         if n and (int(self.tokens.min()) < 0 or int(self.tokens.max()) >= self.n_vocab):
             raise bad("a token id out of range")
@@ -246,6 +249,12 @@ class CorpusIndex:
         return [(int(a), int(b)) for a, b in out[:m]]
 
 
+def _emptied(a: np.ndarray) -> np.ndarray:
+    out = np.zeros(0, a.dtype)
+    out.flags.writeable = a.flags.writeable
+    return out
+
+
 def empty_index() -> CorpusIndex:
     """No corpus: every match has length 0."""
     return CorpusIndex("<none>", np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(1, np.int64),
@@ -266,24 +275,9 @@ def open_index(path: str | os.PathLike[str], fingerprint: str | None = None, n_v
         raise CorpusIndexError(f"cannot open corpus index {name}: {exc.strerror or exc}") from None
     with fh:
         size = os.fstat(fh.fileno()).st_size
-        head = fh.read(HEADER.size)
-        if len(head) < HEADER.size:
-            raise bad(f"{size} bytes is shorter than the {HEADER.size}-byte header")
-        (magic, version, item, fp, nv, n, t_off, b_off, s_off, fsize, crc, _, hcrc) = HEADER.unpack(head)
-        if magic != MAGIC:
-            kind = kind_of(head)
-            raise bad(f"bad magic {magic!r}" + (f" (it is {kind})" if kind else ""))
-        if version != VERSION:
-            raise bad(f"version {version}, this build reads version {VERSION}")
-        if zlib.crc32(head[:124]) != hcrc:
-            raise bad("header checksum mismatch (corrupt)")
-        try:
-            fp_text = fp.rstrip(b"\0").decode("ascii")
-        except UnicodeDecodeError:
-            raise bad("the tokenizer fingerprint is not ASCII") from None
-        if fingerprint is not None and fp_text != fingerprint:
-            raise bad(f"built for tokenizer {fp_text or '(none)'}, this one is {fingerprint} "
-                      "(rebuild it with this model's tokenizer)")
+        head = HEADER.read(fh.read(HEADER.size), name, fingerprint)
+        item, fp_text, crc = head.param, head.fingerprint, head.body_crc
+        nv, n, t_off, b_off, s_off, fsize = head.fields
         if n_vocab is not None and nv != n_vocab:
             raise bad(f"built for a vocabulary of {nv} tokens, this one has {n_vocab}")
         if item not in (4, 8) or nv < 1 or nv > 1 << 31 or n > size or (item == 4 and n >= 2**31 - 1):

@@ -14,7 +14,7 @@ rebuilding only after a quarter of the budget was added keeps the cost amortized
 File layout (little-endian), written atomically (temp file + ``os.replace``)::
 
     0   8  magic  b"PLSUFHST"
-    8   4  u32 version (1)
+    8   4  u32 version (2)
     12  4  u32 depth
     16 16  tokenizer fingerprint, ASCII, NUL-padded
     32  8  u64 budget
@@ -25,20 +25,19 @@ File layout (little-endian), written atomically (temp file + ``os.replace``)::
     72  8  u64 n_pos        (automaton positions: n_tokens + n_seqs - 1, or 0)
     80  8  u64 last_state
     88  4  u32 crc32 of everything after the header
-    92  4  reserved (0)
+    92  4  u32 crc32 of bytes 0..91 (the header; version 1 had 0 here, and is refused)
     96     i64[n_seqs] request lengths, i32[n_tokens] tokens,
            i32[n_states * 8] state rows, i32[n_edges * 3] edge rows
 
-Loading checks the magic, version, fingerprint, sizes against the file length, the checksum, and
-the automaton's structure (every index in range, links and edge lists acyclic) before anything
-is built from it; any failure raises :class:`HistoryFormatError` with the reason.
+The header follows :class:`promptlookup.fileio.BinaryHeader`, the rule every binary file here shares.
+Loading checks the magic, version, header CRC, fingerprint, sizes against the file length, the
+body checksum, and the automaton's structure (every index in range, links and edge lists acyclic)
+before anything is built from it; any failure raises :class:`HistoryFormatError` with the reason.
 """
 
 from __future__ import annotations
 
 import os
-import struct
-import zlib
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
@@ -63,18 +62,23 @@ from promptlookup.drafting.suffix.automaton import (
     SuffixAutomaton,
 )
 from promptlookup.errors import UserError
-from promptlookup.fileio import atomic_write
+from promptlookup.fileio import BinaryHeader, atomic_write, crc32_of
 
 MAGIC = b"PLSUFHST"
-VERSION = 1
-HEADER = struct.Struct("<8sII16sQQQQQQQII")
-assert HEADER.size == 96
+VERSION = 2  # 1 had no header CRC (bytes 92..95 were zero)
 LOW_WATER = 0.75
 DEFAULT_BUDGET = 1 << 20
 
 
 class HistoryFormatError(UserError, ValueError):
     """A history file that is not ours, not for this tokenizer, truncated or corrupt."""
+
+
+# promptlookup.fileio's header rule; the format's u32 is the automaton depth, its fields the budget
+# and the sizes of the arrays that follow
+HEADER = BinaryHeader(MAGIC, VERSION, "history file", "QQQQQQQ", 96,
+                      "delete it: the next run starts a new history and saves it there",
+                      HistoryFormatError)
 
 
 class History:
@@ -143,12 +147,9 @@ class History:
         toks = (np.concatenate(list(self.seqs)) if self.seqs else np.zeros(0, np.int32)).astype("<i4")
         payload = [lens.tobytes(), toks.tobytes(), sam.st[:ns].astype("<i4").tobytes(),
                    sam.ed[:ne].astype("<i4").tobytes()]
-        crc = 0
-        for chunk in payload:
-            crc = zlib.crc32(chunk, crc)
-        header = HEADER.pack(MAGIC, VERSION, self.depth, self.fingerprint.encode("ascii"),
-                             self.budget, len(lens), len(toks), ns, ne, int(sam.meta[M_POS]),
-                             int(sam.meta[M_LASTSTATE]), crc, 0)
+        header = HEADER.pack(self.depth, self.fingerprint, (self.budget, len(lens), len(toks), ns, ne,
+                                                            int(sam.meta[M_POS]), int(sam.meta[M_LASTSTATE])),
+                             crc32_of(payload))
         atomic_write(path, [header, *payload])
         return len(header) + sum(len(c) for c in payload)
 
@@ -172,20 +173,9 @@ class History:
         def bad(why: str) -> HistoryFormatError:
             return HistoryFormatError(f"{name}: not a usable history file: {why}")
 
-        if len(data) < HEADER.size:
-            raise bad(f"{len(data)} bytes is shorter than the {HEADER.size}-byte header")
-        (magic, version, depth, fp, saved_budget, n_seqs, n_tokens, ns, ne, n_pos, last, crc,
-         _) = HEADER.unpack_from(data)
-        if magic != MAGIC:
-            raise bad(f"bad magic {magic!r}{_named(data)}")
-        if version != VERSION:
-            raise bad(f"version {version}, this build reads version {VERSION}")
-        try:
-            fp_text = fp.rstrip(b"\0").decode("ascii")
-        except UnicodeDecodeError:
-            raise bad("the tokenizer fingerprint is not ASCII") from None
-        if fingerprint is not None and fp_text != fingerprint:
-            raise bad(f"built for tokenizer {fp_text or '(none)'}, this one is {fingerprint}")
+        head = HEADER.read(data, name, fingerprint)
+        depth, fp_text = head.param, head.fingerprint
+        saved_budget, n_seqs, n_tokens, ns, ne, n_pos, last = head.fields
         if not 1 <= depth <= 1 << 16 or saved_budget < 1:
             raise bad(f"depth {depth} or budget {saved_budget} out of range")
         limit = len(data)  # no count can exceed the bytes it would need
@@ -194,8 +184,7 @@ class History:
         sizes = [8 * n_seqs, 4 * n_tokens, 4 * N_STATE_COLS * ns, 12 * ne]
         if HEADER.size + sum(sizes) != len(data):
             raise bad(f"{len(data)} bytes, the header describes {HEADER.size + sum(sizes)} (truncated?)")
-        if zlib.crc32(memoryview(data)[HEADER.size :]) != crc:
-            raise bad("checksum mismatch (corrupt)")
+        HEADER.check_body(data, head.body_crc, name)
         off = HEADER.size
         lens = np.frombuffer(data, "<i8", n_seqs, off)
         off += sizes[0]
@@ -227,13 +216,6 @@ class History:
             while self.seqs and self.n_tokens > budget:
                 self.n_tokens -= len(self.seqs.popleft())
             self._rebuild()
-
-
-def _named(data: bytes) -> str:
-    from promptlookup.formats import kind_of
-
-    kind = kind_of(data[:16])
-    return f" (it is {kind})" if kind else ""
 
 
 def _check_structure(lens, toks, st, ed, n_pos, last) -> str | None:

@@ -30,9 +30,11 @@ already drafted:
 runs it on the automata and the suffix array with numba. Tests hold them equal on real text.
 
 Per-call cost. A draft at ``k = 3`` takes a few microseconds, so the fixed cost of one call
-matters: the kernel takes the request's state in one ``meta`` row, its parameters, features and
-output in one float array, and its per-token scratch in one matrix, and the :class:`Draft` is
-built without the frozen dataclass's per-field ``__setattr__``.
+matters: the kernel takes each automaton and the corpus index as one tuple of arrays (fields at
+``A_*`` and ``X_*``), its parameters and its features as one-row structured arrays
+(:data:`PARAMS`, :data:`FEATURES`: named, typed fields, one dispatch argument each) and its
+per-token scratch as one matrix; the drafted tokens are read back from the token buffer, and the
+:class:`Draft` is built with :func:`~promptlookup.drafting.base.make_draft`.
 """
 
 from __future__ import annotations
@@ -42,9 +44,14 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from numba import njit
 
-from promptlookup.drafting.base import Draft
+from promptlookup.drafting.base import Draft, TokenBuffer, compiled_entry, make_draft
 from promptlookup.drafting.spec import DRAFT, Option, Run, SourceSpec, SpecError
 from promptlookup.drafting.suffix.automaton import (
+    A_ED,
+    A_HK,
+    A_HV,
+    A_META,
+    A_ST,
     CNT,
     E_NEXT,
     E_TO,
@@ -68,6 +75,9 @@ from promptlookup.drafting.suffix.automaton import (
 )
 from promptlookup.drafting.suffix.corpus_index import (
     DEFAULT_MAX_MATCH,
+    X_BUCKETS,
+    X_SA,
+    X_TOKENS,
     CorpusIndex,
     empty_index,
     interval,
@@ -82,11 +92,13 @@ DEFAULT_LOCAL_WEIGHT = 1.0
 DEFAULT_CORPUS_WEIGHT = 1.0
 DEFAULT_CORPUS_MARGIN = 4  # measured: 0 loses to history alone, 4 wins (docs/suffix.md)
 
-# the kernel's float array: parameters, then features, then the drafted tokens
-P_MIN_MATCH, P_MIN_PROB, P_LOCAL_W, P_CORPUS_W, P_DEPTH_G, P_CORPUS_CAP, P_CORPUS_MARGIN = range(7)
-IO_FEAT = 8
-F_MATCH, F_COUNT, F_TOTAL, F_PROB, F_FROM_HISTORY, F_FROM_CORPUS = range(6)
-IO_OUT = 16
+# the kernel's parameters (one row, set by the source) and the first drafted token's features (one
+# row, written by the kernel), as structured arrays: numba reads and writes the fields by name
+PARAMS = np.dtype([("min_match", np.int64), ("min_prob", np.float64), ("local_weight", np.float64),
+                   ("corpus_weight", np.float64), ("depth_g", np.int64), ("corpus_cap", np.int64),
+                   ("corpus_margin", np.int64)])
+FEATURES = np.dtype([("match", np.int64), ("count", np.float64), ("total", np.float64),
+                     ("prob", np.float64), ("from_history", np.float64), ("from_corpus", np.float64)])
 # scratch rows: score, last seen in the request, last seen in the history, seen flag, touched list
 R_SCORE, R_LLAST, R_GLAST, R_SEEN, R_TOUCHED = range(5)
 
@@ -251,9 +263,10 @@ def _collect_corpus(ctok, csa, cbk, buf, n_ctx, lo, hi, m, depth, weight, scratc
 
 
 @njit(cache=True)
-def _catch_up(lst, led, lhk, lhv, lmeta, buf, n, gst, ged, ghk, ghv):
+def _catch_up(local, glob, buf, n):
     """Apply the tokens appended since the last call (``buf[pos:n]``) to the request's automaton
-    and the history matcher (``lmeta[M_GV], lmeta[M_GM]``); -1 if a token is negative."""
+    and the history matcher (the request's ``meta[M_GV], meta[M_GM]``); -1 if a token is negative."""
+    lmeta = local[A_META]
     pos = lmeta[M_POS]
     if pos == n:
         return 0
@@ -261,7 +274,8 @@ def _catch_up(lst, led, lhk, lhv, lmeta, buf, n, gst, ged, ghk, ghv):
     for i in range(len(new)):
         if new[i] < 0:
             return -1
-    extend_tokens(lst, led, lhk, lhv, lmeta, new)
+    extend_tokens(local[A_ST], local[A_ED], local[A_HK], local[A_HV], lmeta, new)
+    gst, ged, ghk, ghv = glob[A_ST], glob[A_ED], glob[A_HK], glob[A_HV]
     v = lmeta[M_GV]
     m = lmeta[M_GM]
     for i in range(len(new)):
@@ -283,17 +297,24 @@ def _clear_touched(scratch, nt, score, llast, glast):
 
 
 @njit(cache=True)
-def _draft(lst, led, lhk, lhv, lmeta, buf, n, k, gst, ged, ghk, ghv, ctok, csa, cbk, io, scratch):
-    """Catch up, then draft up to ``k`` tokens into ``io[IO_OUT:]`` (and ``buf[n:]``, the draft's
-    context); returns how many (-1: a bad token, -2: a corrupt corpus index)."""
-    min_match = io[P_MIN_MATCH]
-    min_prob = io[P_MIN_PROB]
-    local_weight = io[P_LOCAL_W]
-    corpus_weight = io[P_CORPUS_W]
-    depth_g = np.int64(io[P_DEPTH_G])
-    cap = np.int64(io[P_CORPUS_CAP])
-    margin = np.int64(io[P_CORPUS_MARGIN])
-    if _catch_up(lst, led, lhk, lhv, lmeta, buf, n, gst, ged, ghk, ghv) < 0:
+def _draft(local, glob, corpus, buf, n, k, params, feat, scratch):
+    """Catch up, then draft up to ``k`` tokens into ``buf[n:]`` (the draft's context too); returns
+    how many (-1: a bad token, -2: a corrupt corpus index). ``local`` and ``glob`` are the request's
+    and the history's ``SuffixAutomaton.tables``, ``corpus`` a ``CorpusIndex.arrays``; ``params``
+    and ``feat`` one-row :data:`PARAMS` and :data:`FEATURES` arrays."""
+    p = params[0]
+    out = feat[0]
+    min_match = p["min_match"]
+    min_prob = p["min_prob"]
+    local_weight = p["local_weight"]
+    corpus_weight = p["corpus_weight"]
+    depth_g = p["depth_g"]
+    cap = p["corpus_cap"]
+    margin = p["corpus_margin"]
+    lst, led, lhk, lhv, lmeta = local[A_ST], local[A_ED], local[A_HK], local[A_HV], local[A_META]
+    gst, ged, ghk, ghv = glob[A_ST], glob[A_ED], glob[A_HK], glob[A_HV]
+    ctok, csa, cbk = corpus[X_TOKENS], corpus[X_SA], corpus[X_BUCKETS]
+    if _catch_up(local, glob, buf, n) < 0:
         return -1
     depth_l = lmeta[M_DEPTH]
     vl = lmeta[M_LASTSTATE]
@@ -310,7 +331,7 @@ def _draft(lst, led, lhk, lhv, lmeta, buf, n, k, gst, ged, ghk, ghv, ctok, csa, 
         # the corpus is searched only for matches that could decide: at least max(ml, mg,
         # min_match) + margin tokens (one probe when it cannot), never kept between calls
         mc = 0
-        lower = max(ml, mg, np.int64(min_match), 1) + margin
+        lower = max(ml, mg, min_match, 1) + margin
         if use_corpus and lower <= min(cap, n + i):
             if search_from(ctok, csa, cbk, buf, n + i, lower, min(cap, n + i), cs) < 0:
                 return -2
@@ -318,7 +339,7 @@ def _draft(lst, led, lhk, lhv, lmeta, buf, n, k, gst, ged, ghk, ghv, ctok, csa, 
         mc_eff = mc - margin if mc > 0 else 0
         top = max(ml, mg, mc_eff)
         if i == 0:
-            io[IO_FEAT + F_MATCH] = top
+            out["match"] = top
         if top < min_match:
             break
         nt = 0
@@ -357,20 +378,19 @@ def _draft(lst, led, lhk, lhv, lmeta, buf, n, k, gst, ged, ghk, ghv, ctok, csa, 
             return -2
         p = score[best] / total
         if i == 0:
-            io[IO_FEAT + F_COUNT] = score[best]
-            io[IO_FEAT + F_TOTAL] = total
-            io[IO_FEAT + F_FROM_HISTORY] = 1.0 if mg == top and ml < top else 0.0
-            io[IO_FEAT + F_FROM_CORPUS] = 1.0 if mc > 0 and mc_eff == top and ml < top and mg < top else 0.0
+            out["count"] = score[best]
+            out["total"] = total
+            out["from_history"] = 1.0 if mg == top and ml < top else 0.0
+            out["from_corpus"] = 1.0 if mc > 0 and mc_eff == top and ml < top and mg < top else 0.0
         _clear_touched(scratch, nt, score, llast, glast)
         if path * p < min_prob:
             break
         path *= p
-        io[IO_OUT + n_out] = best
         n_out += 1
         buf[n + i] = best
         vl, ml = match_step(lst, lhk, lhv, led, vl, ml, best)
         vg, mg = match_step(gst, ghk, ghv, ged, vg, mg, best)
-    io[IO_FEAT + F_PROB] = path
+    out["prob"] = path
     return n_out
 
 
@@ -384,10 +404,7 @@ def _empty_automaton() -> SuffixAutomaton:
     return _EMPTY_HISTORY
 
 
-_new = object.__new__
-
-
-class SuffixSource:
+class SuffixSource(TokenBuffer):
     """``--suffix``: the rule in this module's docstring over the request, an optional history and
     an optional corpus index.
 
@@ -427,11 +444,14 @@ class SuffixSource:
             raise InputError(f"the corpus index has a vocabulary of {corpus.n_vocab}, "
                              f"beyond n_vocab {n_vocab}")
         self._local = SuffixAutomaton(depth=depth)
-        self._buf = np.zeros(1024, dtype=np.int32)  # the request's tokens, then a draft's scratch
-        self._n = 0
+        super().__init__()  # the request's tokens, then a draft's scratch
         self.n_vocab = n_vocab
-        self._io = np.zeros(IO_OUT, dtype=np.float64)
-        self._set_params(64)
+        self._params = np.zeros(1, dtype=PARAMS)
+        p = self._params[0]
+        p["min_match"], p["min_prob"], p["local_weight"] = self.min_match, self.min_prob, self.local_weight
+        p["corpus_weight"], p["corpus_cap"] = self.corpus_weight, self.corpus_max_match
+        p["corpus_margin"] = self.corpus_margin
+        self._feat = np.zeros(1, dtype=FEATURES)
         self._scratch = np.zeros((5, n_vocab), dtype=np.float64)
         self._scratch[R_LLAST : R_GLAST + 1] = -1.0
         if history is not None and history.max_token >= n_vocab:
@@ -440,29 +460,21 @@ class SuffixSource:
         self._g_seen: SuffixAutomaton | None = None
         self._g_len = -1
         self.reset([0, 0, 0])
-        self.propose(2)  # compile (or load the cached build) before any timing
+        # compile (or load the cached build) before any timing, and keep the build for these argument
+        # types (this source's own arrays, fixed for its life): a call then skips numba's type
+        # dispatch, which costs more than a microsecond over these tuples and structured arrays
+        self._kernel = compiled_entry(_draft, self._local.tables, self._global().tables, self._index.arrays,
+                                      self._buf, self._n, 2, self._params, self._feat, self._scratch)
         self._committed = True
         self.reset([])
-
-    def _set_params(self, k_max: int) -> None:
-        io = np.zeros(IO_OUT + k_max, dtype=np.float64)
-        io[P_MIN_MATCH], io[P_MIN_PROB], io[P_LOCAL_W] = self.min_match, self.min_prob, self.local_weight
-        io[P_CORPUS_W], io[P_CORPUS_CAP] = self.corpus_weight, self.corpus_max_match
-        io[P_CORPUS_MARGIN] = self.corpus_margin
-        self._io = io
 
     def _global(self) -> SuffixAutomaton:
         return self.history.automaton if self.history is not None else _empty_automaton()
 
-    @property
-    def tokens(self) -> np.ndarray:
-        """The request's tokens so far (a view; do not keep it across ``extend``)."""
-        return self._buf[: self._n]
-
     def _rematch(self, g: SuffixAutomaton) -> None:
         """The history changed under a request: match the request's text against it afresh."""
         self._g_seen, self._g_len = g, g.n_tokens
-        self._io[P_DEPTH_G] = g.meta[M_DEPTH]
+        self._params["depth_g"] = g.meta[M_DEPTH]
         v, m = 0, 0
         for t in self._buf[: int(self._local.meta[M_POS])]:
             v, m = match_step(g.st, g.hk, g.hv, g.ed, v, m, t)
@@ -483,44 +495,28 @@ class SuffixSource:
         meta[M_GM] = 0
         g = self._global()
         self._g_seen, self._g_len = g, g.n_tokens
-        self._io[P_DEPTH_G] = g.meta[M_DEPTH]
+        self._params["depth_g"] = g.meta[M_DEPTH]
         self._committed = False
         self.extend(prompt)
-
-    def _grow(self, need: int) -> None:
-        grown = np.zeros(max(2 * len(self._buf), need), dtype=np.int32)
-        grown[: self._n] = self._buf[: self._n]
-        self._buf = grown
 
     def extend(self, tokens: Sequence[int]) -> None:
         """Record confirmed tokens; the matchers catch up inside the next ``propose`` (one call)."""
         m = len(tokens)
-        n = self._n
-        if n + m > len(self._buf):
-            self._grow(n + m)
         if m == 1:
             t = tokens[0]
             if not 0 <= t < self.n_vocab:
                 raise ValueError(f"token id {t} is outside 0..{self.n_vocab - 1}")
-            self._buf[n] = t
         elif m:
-            arr = np.asarray(tokens, dtype=np.int64)
-            if arr.min() < 0 or arr.max() >= self.n_vocab:
+            tokens = np.asarray(tokens, dtype=np.int64)
+            if tokens.min() < 0 or tokens.max() >= self.n_vocab:
                 raise ValueError(f"token ids must be in 0..{self.n_vocab - 1}")
-            self._buf[n : n + m] = arr
-        self._n = n + m
+        self._append(tokens)
 
     def propose(self, k: int) -> Draft:
         if k <= 0:
-            return Draft(source=self.name)
+            return make_draft((), self.name)
         n = self._n
-        if n + k > len(self._buf):
-            self._grow(n + k)
-        io = self._io
-        if k > len(io) - IO_OUT:
-            self._set_params(k)
-            io = self._io
-            io[P_DEPTH_G] = self._global().meta[M_DEPTH]
+        self._room(n + k)
         loc = self._local
         if n > loc.cap_tokens:
             loc.reserve(n)
@@ -529,21 +525,18 @@ class SuffixSource:
         if g is not self._g_seen or g.meta[M_POS] != self._g_len:
             self._rematch(g)
         ix = self._index
-        got = _draft(loc.st, loc.ed, loc.hk, loc.hv, loc.meta, self._buf, n, k, g.st, g.ed, g.hk, g.hv,
-                     ix.tokens, ix.sa, ix.buckets, io, self._scratch)
+        got = self._kernel(loc.tables, g.tables, ix.arrays, self._buf, n, k, self._params, self._feat,
+                           self._scratch)
         if got < 0:
             if got == -1:
                 raise ValueError("a negative token id reached the suffix source")
             from promptlookup.drafting.suffix.corpus_index import CorpusIndexError
 
             raise CorpusIndexError(f"{ix.path}: corrupt corpus index (found while drafting)")
-        f = io[IO_FEAT : IO_FEAT + 6].tolist()
-        d = _new(Draft)  # the frozen dataclass's __init__ costs a __setattr__ call per field
-        d.__dict__.update(
-            tokens=tuple(self._buf[n : n + got].tolist()), source="suffix", match_len=int(f[F_MATCH]),
-            features={"count": f[F_COUNT], "total": f[F_TOTAL], "prob": f[F_PROB],
-                      "from_history": f[F_FROM_HISTORY], "from_corpus": f[F_FROM_CORPUS]})
-        return d
+        match, count, total, prob, from_history, from_corpus = self._feat.tolist()[0]
+        return make_draft(tuple(self._buf[n : n + got].tolist()), "suffix", match,
+                          {"count": count, "total": total, "prob": prob, "from_history": from_history,
+                           "from_corpus": from_corpus})
 
 
 # --- the source vocabulary (promptlookup.drafting.spec):

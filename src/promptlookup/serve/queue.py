@@ -1,0 +1,194 @@
+"""One worker thread runs the engine; requests wait their turn in a bounded FIFO queue.
+
+Why a thread and a queue: the engine holds one model context and serves one request at a time,
+and a generation is seconds of blocking native calls, which must never run on the event loop (that
+would stall every other client, ``/health`` included). So each request becomes a :class:`Job`: the
+event loop submits it (refused when ``max_queue`` jobs already wait, so the client gets a 503 at
+once instead of an unbounded wait), the worker runs jobs in arrival order and sends each step's
+events back to the loop through ``call_soon_threadsafe``. A job carries a :class:`threading.Event`
+that the loop sets when its client disconnects (or on shutdown): a waiting job is dropped from the
+queue there and then, a running one ends at its next step (``Options.cancelled``), so the model is
+free for the next request within one step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from promptlookup.errors import InputError, UsageError, UserError
+
+log = logging.getLogger("promptlookup.serve")
+
+
+@dataclass
+class Event:
+    """What the worker tells the loop: ``start`` (the job left the queue), ``chunk`` (a step's text;
+    the last one carries the completion), ``error`` (status, type, message, param) or ``end``."""
+
+    kind: str
+    chunk: Any = None
+    extra: Any = None  # on the last chunk: what the worker computed for the response (token texts)
+    status: int = 0
+    type: str = ""
+    message: str = ""
+    param: str | None = None
+
+
+@dataclass(eq=False)
+class Job:
+    """One request: ``run(cancelled, timeout)`` returns the engine's chunk iterator (on the worker
+    thread, so tokenizing and every check happen there too); ``finish(completion)`` computes, still on
+    the worker, whatever the response needs from the model (token texts for logprobs)."""
+
+    run: Callable[[Callable[[], bool], float | None], Iterator[Any]]
+    loop: asyncio.AbstractEventLoop
+    deadline: float | None = None  # time.monotonic() by which the request must be done
+    finish: Callable[[Any], Any] | None = None
+    cancel: threading.Event = field(default_factory=threading.Event)
+    arrived: float = field(default_factory=time.monotonic)
+    started: float | None = None
+    completion: Any = None  # the engine's Completion, once the generation finished (or was cancelled)
+    events: asyncio.Queue[Event] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.events = asyncio.Queue()
+
+    def emit(self, event: Event) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is gone (shutdown): nobody is listening
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+
+def error_event(exc: BaseException) -> Event:
+    """The error object a request's failure becomes: the client's mistakes are 400s."""
+    if isinstance(exc, InputError | UsageError):
+        return Event("error", status=400, type="invalid_request_error", message=str(exc),
+                     param=getattr(exc, "param", None))
+    if isinstance(exc, UserError):  # a backend that could not decode: the server's problem
+        return Event("error", status=500, type="server_error", message=str(exc))
+    return Event("error", status=500, type="server_error",
+                 message=f"internal error ({type(exc).__name__}); the server logged it")
+
+
+class Worker:
+    """The single thread that runs jobs, oldest first; see the module docstring."""
+
+    def __init__(self, max_queue: int, on_done: Callable[[Job], None] | None = None) -> None:
+        self.max_queue = max_queue
+        self.on_done = on_done
+        self._cv = threading.Condition()
+        self._waiting: collections.deque[Job] = collections.deque()
+        self._running: Job | None = None
+        self._stopping = False
+        self.served = 0
+        self.service_s = 1.0  # a moving average of how long a request holds the model (Retry-After)
+        self._thread = threading.Thread(target=self._loop, name="promptlookup-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def running(self) -> int:
+        return 0 if self._running is None else 1
+
+    def retry_after(self) -> int:
+        """Seconds a refused client might wait before trying again: the queue's expected drain time."""
+        return max(1, min(60, round(self.service_s * (self.waiting + self.running))))
+
+    def submit(self, job: Job) -> bool:
+        """Queue ``job``; False when ``max_queue`` jobs wait already (or the server is stopping)."""
+        with self._cv:
+            if self._stopping or len(self._waiting) >= self.max_queue:
+                return False
+            self._waiting.append(job)
+            self._cv.notify()
+            return True
+
+    def withdraw(self, job: Job) -> None:
+        """The job's client went away: cancel it, and drop it from the queue if it still waits."""
+        job.cancel.set()
+        with self._cv, contextlib.suppress(ValueError):
+            self._waiting.remove(job)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Cancel every job (a running one ends at its next step) and wait for the thread."""
+        with self._cv:
+            self._stopping = True
+            dropped = list(self._waiting)
+            self._waiting.clear()
+            if self._running is not None:
+                self._running.cancel.set()
+            self._cv.notify_all()
+        for job in dropped:
+            job.cancel.set()
+            job.emit(Event("error", status=503, type="server_error", message="the server is shutting down"))
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._waiting and not self._stopping:
+                    self._cv.wait()
+                if self._stopping:
+                    return
+                job = self._running = self._waiting.popleft()
+            try:
+                if not job.cancel.is_set():
+                    self._serve(job)
+            finally:
+                with self._cv:
+                    self._running = None
+
+    def _serve(self, job: Job) -> None:
+        now = time.monotonic()
+        job.started = now
+        remaining = None if job.deadline is None else job.deadline - now
+        if remaining is not None and remaining <= 0:
+            job.emit(Event("error", status=503, type="server_error",
+                           message="the request timed out waiting in the queue; try again later"))
+            return
+        completed = False
+        try:
+            chunks = job.run(job.cancel.is_set, remaining)  # every check of the request happens here
+        except Exception as exc:  # a request's failure must never end the worker
+            if not isinstance(exc, UserError):
+                log.exception("promptlookup serve: a request failed")
+            job.emit(error_event(exc))
+            return
+        job.emit(Event("start"))  # from here the response is 200 (a stream's headers go out)
+        try:
+            for chunk in chunks:
+                if chunk.completion is not None:
+                    job.completion = chunk.completion
+                    extra = job.finish(chunk.completion) if job.finish is not None else None
+                    job.emit(Event("chunk", chunk=chunk, extra=extra))
+                    completed = True
+                else:
+                    job.emit(Event("chunk", chunk=chunk))
+        except Exception as exc:  # a request's failure must never end the worker
+            if not isinstance(exc, UserError):
+                log.exception("promptlookup serve: a request failed")
+            job.emit(error_event(exc))
+        finally:
+            job.emit(Event("end"))
+        if completed:
+            took = time.monotonic() - now
+            self.service_s = 0.8 * self.service_s + 0.2 * took if self.served else took
+            self.served += 1
+            if self.on_done is not None:
+                try:
+                    self.on_done(job)
+                except Exception:  # e.g. a history save that failed: logged, served on
+                    log.exception("promptlookup serve: after-request hook failed")

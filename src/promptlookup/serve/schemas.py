@@ -1,0 +1,270 @@
+"""The OpenAI request and response shapes the server speaks, as pydantic models.
+
+Why pydantic: FastAPI checks every request body against these models and writes them into the
+server's OpenAPI schema, so what the server accepts, what it answers and what the schema says are one
+thing (schemathesis holds the server to that schema). Requests are *strict*: ``"5"`` is not a number
+and ``1`` is not ``true``, as in OpenAI's API; fields the server does not know (``user``,
+``metadata``, ...) are ignored. Extensions beyond OpenAI's fields: ``speculate`` (the draft source
+setting for this request), ``top_k``, ``min_p`` and ``repeat_penalty`` (llama.cpp's samplers,
+off by default), and in every response ``timings`` (llama-server's object) and ``counters``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field
+
+from promptlookup.api import MAX_STOP_CHARS, MAX_STOPS
+
+MAX_TOKENS_LIMIT = 1 << 20  # the largest context the CLI loads; a request is also held to the server's
+MAX_SEED = 2**64 - 1
+MAX_SPECULATE_CHARS = 200
+MAX_TOP_LOGPROBS = 20
+
+_StopList = Annotated[list[Annotated[str, Field(max_length=MAX_STOP_CHARS)]], Field(max_length=MAX_STOPS)]
+StopField = Annotated[
+    str | _StopList | None,
+    Field(description=f"up to {MAX_STOPS} strings; the text ends before the first one generated"),
+]
+
+
+def _integral(v: Any) -> Any:
+    """JSON has one number type and JSON Schema calls 5.0 an integer: so do we (5.5 stays an error)."""
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+def _int(lo: int, hi: int | None = None) -> Any:
+    """An integer in ``lo..hi`` (as JSON Schema's ``minimum``/``maximum``), integral floats included."""
+    return Annotated[int, Field(ge=lo, le=hi), BeforeValidator(_integral)]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class StreamOptions(_Request):
+    include_usage: bool | None = None
+
+
+class SamplingFields(_Request):
+    """The fields chat and completions share."""
+
+    model: str | None = Field(None, description="ignored: the server serves the model it loaded")
+    temperature: float | None = Field(None, ge=0, le=2, description="0: greedy; default 1 (OpenAI's)")
+    top_p: float | None = Field(None, gt=0, le=1, description="nucleus sampling; default 1 (off)")
+    top_k: _int(0, 1 << 20) | None = Field(None, description="extension: llama.cpp's top-k; 0 = off")
+    min_p: float | None = Field(None, ge=0, le=1, description="extension: llama.cpp's min-p; 0 = off")
+    repeat_penalty: float | None = Field(None, gt=0, le=100,
+                                         description="extension: llama.cpp's repeat penalty; 1 = off")
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    seed: _int(0, MAX_SEED) | None = Field(None,
+                             description="sampling seed; the response's `seed` repeats a run without one")
+    stop: StopField = None
+    n: _int(1, 128) | None = Field(None, description="only 1: one model context, one completion")
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    speculate: str | None = Field(
+        None, max_length=MAX_SPECULATE_CHARS,
+        description="extension: the draft source for this request, e.g. off, suffix, ngram:draft=4, auto "
+                    "(default: the server's --speculate); the output is the model's own either way")
+    user: str | None = None
+    return_token_ids: bool | None = Field(False, description="extension (vLLM's): the generated token ids "
+                                                              "in choices[0].token_ids (not streamed)")
+
+
+class TextPart(_Request):
+    type: Literal["text"]
+    text: str
+
+
+class Message(_Request):
+    role: Literal["system", "developer", "user"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+
+class AssistantMessage(_Request):
+    role: Literal["assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[Annotated[Message | AssistantMessage, Discriminator("role")]] = Field(min_length=1)
+    max_tokens: _int(1, MAX_TOKENS_LIMIT) | None = Field(None,
+                                   description="default: until the context is full")
+    max_completion_tokens: _int(1, MAX_TOKENS_LIMIT) | None = Field(None,
+                                              description="OpenAI's newer name for max_tokens")
+    logprobs: bool | None = False
+    top_logprobs: _int(0, MAX_TOP_LOGPROBS) | None = Field(None)
+
+
+class CompletionRequest(SamplingFields):
+    prompt: (str | Annotated[list[_int(0)], Field(min_length=1)]
+             | Annotated[list[str], Field(min_length=1, max_length=1)]
+             | Annotated[list[Annotated[list[_int(0)], Field(min_length=1)]],
+                         Field(min_length=1, max_length=1)]) = Field(
+        description="text or token ids; one prompt per request")
+    max_tokens: _int(1, MAX_TOKENS_LIMIT) | None = Field(16, description="default 16 (OpenAI's)")
+    logprobs: _int(0, MAX_TOP_LOGPROBS) | None = Field(None,
+                                 description="each token's logprob and this many alternatives")
+    echo: bool | None = Field(False, description="only false")
+    best_of: _int(1, 128) | None = Field(None, description="only 1")
+    suffix: str | None = Field(None, description="not supported (only null)")
+
+
+# -- responses ------------------------------------------------------------------------------------
+class _Response(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Timings(_Response):
+    """llama-server's ``timings``: the prompt part decoded (``cache_n`` positions reused) and generation."""
+
+    cache_n: int
+    prompt_n: int
+    prompt_ms: float
+    prompt_per_token_ms: float
+    prompt_per_second: float
+    predicted_n: int
+    predicted_ms: float
+    predicted_per_token_ms: float
+    predicted_per_second: float
+    draft_n: int
+    draft_n_accepted: int
+
+
+class Counters(BaseModel):
+    """promptlookup's counters of the request (telemetry.Counters) and auto's choices."""
+
+    model_config = ConfigDict(extra="allow")
+    source: str
+    decodes: int
+    drafted_steps: int
+    drafted_tokens: int
+    accepted_tokens: int
+    generated_tokens: int
+    cached_tokens: int
+    stopped_by: str
+    source_choices: dict[str, int] = Field(description="auto: steps drafted by each source")
+
+
+class PromptTokensDetails(_Response):
+    cached_tokens: int
+
+
+class Usage(_Response):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+class TopLogprob(_Response):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(_Response):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(_Response):
+    content: list[TokenLogprob] | None
+    refusal: list[TokenLogprob] | None = None
+
+
+class ChatMessage(_Response):
+    role: Literal["assistant"]
+    content: str
+    refusal: str | None = None
+
+
+class ChatChoice(_Response):
+    index: int
+    message: ChatMessage
+    logprobs: ChatLogprobs | None
+    finish_reason: Literal["stop", "length"]
+    token_ids: list[int] | None = None
+
+
+class _Extensions(_Response):
+    """What every response carries beside OpenAI's fields."""
+
+    timings: Timings
+    counters: Counters
+    seed: int | None = Field(None, description="the sampling seed used (repeat a sampled run with it)")
+
+
+class ChatCompletion(_Extensions):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    system_fingerprint: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class CompletionLogprobs(_Response):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None
+    text_offset: list[int]
+
+
+class CompletionChoice(_Response):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: Literal["stop", "length"]
+    token_ids: list[int] | None = None
+
+
+class TextCompletion(_Extensions):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    system_fingerprint: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class ModelCard(_Response):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    meta: dict[str, Any]
+
+
+class ModelList(_Response):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class Health(_Response):
+    status: Literal["ok"]
+    model: str
+    running: int = Field(description="requests generating now (0 or 1)")
+    waiting: int = Field(description="requests queued behind it")
+    max_queue: int
+    requests: int = Field(description="requests served since start")
+
+
+class ErrorBody(_Response):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(_Response):
+    error: ErrorBody
