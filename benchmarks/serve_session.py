@@ -46,7 +46,11 @@ batched verify computes other logits than its one-token decode. Once answers dif
 differ too.
 
     .venv/bin/python benchmarks/serve_session.py [--rows ours,ours-off,lcp,lcp-pld,ls,ls-spec] \
-        [--turns 6] [--max-tokens 512] [-t 2] [--model GGUF] [--md FILE] [--csv FILE]
+        [--turns 6] [--max-tokens 512] [-t 2] [--model GGUF] [--md FILE] [--csv FILE] [--outputs FILE]
+
+The whole run takes ~20-25 min on 2 cores (the first llama-server build ~10 min more). Run it on a
+quiet machine: with -t 2 and other work on both cores, ggml's spinning threads fall to ~1 tok/s
+(measured here at load 6); on a shared machine -t 1 gives figures that at least mean something.
 """
 
 from __future__ import annotations
