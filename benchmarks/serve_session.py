@@ -43,7 +43,8 @@ rows run one model greedily, but engines differ in kernels, batching and attenti
 can flip); "= plain" compares a speculating row with the same engine's plain row (ours with
 ours-off, lcp-pld with lcp, ls-spec with ls): exact speculation gives "yes" unless the engine's
 batched verify computes other logits than its one-token decode. Once answers differ, later prompts
-differ too.
+differ too: ``--answers FILE`` (an earlier run's ``--outputs``) feeds every row one recorded
+session's answers instead, so every row gets the same prompts (a controlled comparison).
 
     .venv/bin/python benchmarks/serve_session.py [--rows ours,ours-off,lcp,lcp-pld,ls,ls-spec] \
         [--turns 6] [--max-tokens 512] [-t 2] [--model GGUF] [--md FILE] [--csv FILE] [--outputs FILE]
@@ -657,8 +658,9 @@ def tree_line(src: str) -> str:
 
 
 def run_row(spec: RowSpec, users: list[str], args: argparse.Namespace, logdir: Path,
-            ref: dict[int, str], emit) -> RowTotal:
-    """Start the server, warm it up, play the session (its own answers fed back), stop it."""
+            ref: dict[int, str], emit, fixed: Sequence[str] | None = None) -> RowTotal:
+    """Start the server, warm it up, play the session, stop it. The assistant turns fed back are
+    the server's own answers, or ``fixed`` (one recorded session's, the same for every row)."""
     total = RowTotal(spec.label)
     log = logdir / f"{len(list(logdir.iterdir())):02d}-{spec.key}.log"
     print(f"[serve_session] {spec.label}: starting ({log})", file=sys.stderr, flush=True)
@@ -697,11 +699,25 @@ def run_row(spec: RowSpec, users: list[str], args: argparse.Namespace, logdir: P
                 if m.error:
                     total.error = f"turn {i + 1}: {m.error}"
                     break
-                answers.append(m.text)
+                answers.append(fixed[i] if fixed else m.text)
     except (RuntimeError, OSError, http.client.HTTPException) as e:  # start or warm-up failed
         total.error = str(e)[:300]
         print(f"[serve_session] {spec.label}: {total.error}", file=sys.stderr, flush=True)
     return total
+
+
+def load_answers(path: Path, row: str | None, turns: int) -> tuple[str, list[str]]:
+    """One row's answers from an ``--outputs`` file, enough for ``turns`` turns (the last turn's
+    answer is not fed back, so ``turns - 1`` suffice)."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or not data:
+        raise SystemExit(f"serve_session: error: {path}: not an --outputs file")
+    row = row or next(iter(data))
+    texts = data.get(row)
+    if not isinstance(texts, list) or len(texts) < turns - 1 or not all(isinstance(t, str) for t in texts):
+        raise SystemExit(f"serve_session: error: {path}: no {turns - 1} answers for row {row!r} "
+                         f"(rows: {', '.join(data)})")
+    return row, texts
 
 
 def report(header: str, results: list[TurnResult], totals: list[RowTotal]) -> str:
@@ -750,6 +766,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--csv", type=Path, default=None, help="raw rows, written as each turn finishes")
     ap.add_argument("--outputs", type=Path, default=None,
                     help="the answers as JSON ({row: [text per turn]}), to see where rows differ")
+    ap.add_argument("--answers", type=Path, default=None, metavar="JSON",
+                    help="feed every row the same assistant turns: one row's answers from an earlier "
+                         "--outputs file (default: each server's own answers, a real session)")
+    ap.add_argument("--answers-row", default=None, metavar="LABEL",
+                    help="which row of --answers (default: its first)")
     ap.add_argument("--logs", type=Path, default=None, help="server logs folder (default: a temp folder)")
     args = ap.parse_args(argv)
     args.llama_spec = args.llama_spec or [DEFAULT_SPEC]
@@ -766,6 +787,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     path = args.file or default_source()
     source = cap_lines(path.read_text(encoding="utf-8"), args.max_lines)
     users = user_turns(path.name, source, args.turns)
+    fixed = None
+    if args.answers:
+        args.answers_row, fixed = load_answers(args.answers, args.answers_row, args.turns)
     logdir = args.logs or Path(tempfile.mkdtemp(prefix="serve_session-"))
     logdir.mkdir(parents=True, exist_ok=True)
     specs = row_specs(args.rows, args)
@@ -774,6 +798,9 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"Model {Path(args.model).name}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
               f"start: {machine_line()}.\n\nRows: " + "; ".join(f"**{s.label}**: `{shlex.join(s.argv)}`"
                                                                 for s in specs))
+    header += (f".\n\nAssistant turns fed back: {args.answers_row}'s answers from "
+               f"{args.answers} (the same prompts for every row)" if fixed else
+               ".\n\nAssistant turns fed back: each server's own answers")
     if any(s.key.startswith("ours") for s in specs):
         header += f".\n\nOur rows ran {tree_line(args.our_src)}"
 
@@ -799,7 +826,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         for spec in specs:
-            t = run_row(spec, users, args, logdir, ref, emit)
+            t = run_row(spec, users, args, logdir, ref, emit, fixed)
             totals.append(t)
             if writer:
                 writer.writerow(csv_total(t))

@@ -203,3 +203,14 @@ def test_total_draft_counts_only_turns_that_report() -> None:
                           ss.TurnResult("X", 2, ss.TurnMetrics(wall=1.0, draft_n=4, draft_accepted=2))])
     assert t.draft == (2, 4)
     assert ss.RowTotal("Y", [ss.TurnResult("Y", 1, ss.TurnMetrics(wall=1.0))]).draft is None
+
+
+def test_load_answers(tmp_path: Path) -> None:
+    f = tmp_path / "outputs.json"
+    f.write_text(json.dumps({"A": ["a1", "a2", "a3"], "B": ["b1"]}))
+    assert ss.load_answers(f, None, 3) == ("A", ["a1", "a2", "a3"])
+    assert ss.load_answers(f, "B", 2) == ("B", ["b1"])
+    with pytest.raises(SystemExit, match="no 2 answers for row 'B'"):
+        ss.load_answers(f, "B", 3)
+    with pytest.raises(SystemExit, match="no 1 answers for row 'C'"):
+        ss.load_answers(f, "C", 2)
