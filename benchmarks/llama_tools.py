@@ -1,4 +1,4 @@
-"""llama.cpp's own programs (lookup tools, later llama-server), built for the benchmarks' peers.
+"""llama.cpp's own programs (lookup tools, llama-server), built for the benchmarks' peers.
 
 Why a module: every benchmark that runs llama.cpp's programs beside ours needs them built from the
 llama.cpp vendored in the installed llama-cpp-python's source package, with the same safe ISA flags
@@ -6,6 +6,10 @@ set-up uses (``scripts/llama_build.py``: the host's extensions named one by one,
 ggml kernel dies by SIGILL in this version). ``-march=native`` would build llama-lookup-create so that
 it dies in its warm-up decode on a CPU with AMX. Builds are cached outside the repository, one build
 folder per set of flags, in ``~/.cache/promptlookup/llamacpp``.
+
+llama-server is configured without its web UI (no npm build, no download of prebuilt assets from a
+Hugging Face bucket at build time: the benchmarks talk to its HTTP API only) and without OpenSSL
+(it listens on 127.0.0.1 over plain HTTP).
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ from pathlib import Path
 
 ROOT = Path.home() / ".cache" / "promptlookup" / "llamacpp"
 _SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "llama_build.py"
+# options that only matter to llama-server (and its cpp-httplib); harmless to the lookup tools
+_SERVER_ARGS = ("-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
+                "-DLLAMA_OPENSSL=OFF")
 
 
 def _llama_build():
@@ -64,7 +71,12 @@ def ensure_tools(targets: tuple[str, ...], mode: str = "host") -> Path:
     build_dir = out.parent
     _log(f"building {', '.join(targets)} ({mode} ISA, key {build.key}; ~10 min on 2 cores)")
     subprocess.run(["cmake", "-S", str(src), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
-                    "-DLLAMA_CURL=OFF", *build.args], check=True)
-    subprocess.run(["cmake", "--build", str(build_dir), "-j", str(os.cpu_count() or 2), "--target",
+                    "-DLLAMA_CURL=OFF", *_SERVER_ARGS, *build.args], check=True)
+    subprocess.run(["nice", "cmake", "--build", str(build_dir), "-j", str(os.cpu_count() or 2), "--target",
                     *targets], check=True)
     return out
+
+
+def ensure_server(mode: str = "host") -> Path:
+    """The path of ``llama-server``, built once like the lookup tools (same flags, same folder)."""
+    return ensure_tools(("llama-server",), mode) / "llama-server"
