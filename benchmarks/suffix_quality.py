@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from promptlookup.drafting.base import Draft
+from promptlookup.drafting.base import Draft, StepFeedback
 from promptlookup.drafting.ngram.source import SuffixMatchSource
 from promptlookup.drafting.suffix.history import History
 from promptlookup.drafting.suffix.source import SuffixSource
@@ -117,6 +117,9 @@ class ArcticSource:
             if d2.score > d.score:
                 d = d2
         return Draft(tokens=tuple(d.token_ids), source=self.name, match_len=d.match_len)
+
+    def feedback(self, step: StepFeedback) -> None:
+        pass
 
     def commit(self) -> None:
         if self.use_global and self._n:

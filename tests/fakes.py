@@ -212,6 +212,9 @@ class RandomDrafts:
     def extend(self, tokens: Sequence[int]) -> None:
         self.seq.extend(tokens)
 
+    def feedback(self, step: object) -> None:
+        pass
+
     def propose(self, k: int):  # noqa: ANN201 (a Draft)
         from promptlookup.drafting.base import Draft
 

@@ -67,6 +67,9 @@ class Scripted:
     def extend(self, tokens):
         pass
 
+    def feedback(self, step):
+        pass
+
     def propose(self, k):
         return Draft(tuple(self.drafts.pop(0)) if self.drafts else (), self.name, match_len=5)
 

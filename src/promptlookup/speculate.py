@@ -7,6 +7,10 @@ Under sampling that is "sample and match": exact in distribution, and token for 
 sampling with the same seed wherever batched logits equal single-token logits, because the random
 number of a position depends only on (seed, position). A step whose source abstains feeds one token:
 exactly a plain decode, same batch, no rollback.
+
+After every step it asked the source for, the loop tells the source what that step cost in seconds
+and how many tokens it confirmed (:class:`~promptlookup.drafting.base.StepFeedback`): the measured
+time is what decides whether drafting paid, and only the loop sees it.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 
 from promptlookup.backends.base import Backend, BackendError
-from promptlookup.drafting.base import MAX_DRAFT, DraftSource, NoDraft
+from promptlookup.drafting.base import MAX_DRAFT, DraftSource, NoDraft, StepFeedback
 from promptlookup.sampling import Sampler, TokenLogprob
 from promptlookup.telemetry import Counters, ResourceProbe
 
@@ -41,6 +45,7 @@ def generate(
     on_tokens: Callable[[list[int]], bool | None] | None = None,
     sampler: Sampler | None = None,
     keep: int = 0,
+    verify_seconds: Callable[[int], float] | None = None,
 ) -> Generation:
     """Generation of up to ``max_tokens`` tokens, speculating with ``source``.
 
@@ -49,8 +54,13 @@ def generate(
     ``on_tokens`` sees each step's confirmed tokens; returning True ends the generation there
     (``stopped_by="stop"``: a stop string, a client gone, a time limit). ``keep``: cached prompt
     positions to reuse (:meth:`~promptlookup.backends.base.Backend.prefill`).
+
+    ``verify_seconds`` (the replay's cost model: seconds of a verify feeding ``n`` tokens) replaces
+    the measured time in the source's feedback, and drafting is then charged nothing: a replay's
+    "model" costs no real time, and its decisions must not depend on the machine's noise. The
+    counters always hold the measured time.
     """
-    run = steps(backend, prompt, max_tokens, source, draft, sampler, keep)
+    run = steps(backend, prompt, max_tokens, source, draft, sampler, keep, verify_seconds)
     try:
         new = next(run)
         while True:
@@ -67,6 +77,7 @@ def steps(
     draft: int = 3,
     sampler: Sampler | None = None,
     keep: int = 0,
+    verify_seconds: Callable[[int], float] | None = None,
 ) -> Generator[list[int], bool | None, Generation]:
     """The loop as a generator: yields each step's confirmed tokens (the first one after the
     prefill, then one to ``draft + 1`` per verify) and returns the :class:`Generation`. Sending True
@@ -104,6 +115,7 @@ def steps(
     out = [pending]
     stopped_by = "max_tokens"
     stop = yield [pending]
+    carried_s = 0.0  # the last feedback's time, charged to the next step's drafting
 
     while True:
         if stop:
@@ -122,13 +134,14 @@ def steps(
         t0 = perf()
         source.extend([pending])
         proposal = source.propose(k) if k > 0 else None
-        c.draft_s += perf() - t0
+        step_draft_s = perf() - t0
         drafted = list(proposal.tokens[:k]) if proposal is not None else []
 
         n_before = backend.n_past
         t0 = perf()
         chosen = backend.verify([pending, *drafted], **kw)
-        c.decode_s += perf() - t0
+        verify_s = perf() - t0
+        c.decode_s += verify_s
         c.decodes += 1
 
         # chosen[i] is the model's token after feeding position n_before + i; a backend may stop
@@ -146,13 +159,27 @@ def steps(
             c.drafted_steps += 1
             c.drafted_tokens += len(drafted)
             c.accepted_tokens += accepted
+            t0 = perf()
             backend.rollback(n_before + 1 + accepted)
+            rollback_s = perf() - t0  # part of what drafting cost: charged with the verify
+            verify_s += rollback_s
+            c.decode_s += rollback_s
 
         confirmed = new[:-1]
         if confirmed:
             t0 = perf()
             source.extend(confirmed)
-            c.draft_s += perf() - t0
+            step_draft_s += perf() - t0
+        c.draft_s += step_draft_s
+        if proposal is not None:
+            t0 = perf()
+            if verify_seconds is None:
+                step = StepFeedback(1 + len(drafted), len(new), verify_s, step_draft_s + carried_s)
+            else:
+                step = StepFeedback(1 + len(drafted), len(new), verify_seconds(1 + len(drafted)), 0.0)
+            source.feedback(step)
+            carried_s = perf() - t0
+            c.draft_s += carried_s
         out.extend(new)
         pending = new[-1]
         stop = yield new

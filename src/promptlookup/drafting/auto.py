@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from promptlookup.drafting.base import Draft, DraftSource
+from promptlookup.drafting.base import Draft, DraftSource, StepFeedback
 from promptlookup.drafting.spec import Option, Run, SourceSpec, options_of, save_state, source_factory
 
 # Lower bounds of the match-length buckets: 1, 2, 3, 4-5, 6-8, 9-15, 16-31, 32+.
@@ -171,6 +171,9 @@ class AutoDrafter:
         """End of a request: sources that learn across requests (lookup's dynamic cache) keep it."""
         for s in self.sources:
             s.commit()
+
+    def feedback(self, step: StepFeedback) -> None:
+        """Not used yet: the choice rests on the curve and the acceptance model."""
 
     def extend(self, tokens: Sequence[int]) -> None:
         for s in self.sources:

@@ -3,7 +3,9 @@
 A source is told every confirmed token (the prompt first, then what the model emits) and, when
 asked, proposes up to ``k`` tokens that it guesses come next. It returns the features a
 controller needs to judge the guess (how long the match was, which source), never a probability
-the model computed: drafting is model-free by design.
+the model computed: drafting is model-free by design. After each step it asked for, the loop tells
+the source what that step cost and confirmed (:class:`StepFeedback`), so a controller can judge its
+choices by measured time; a source that does not adapt ignores it.
 """
 
 from __future__ import annotations
@@ -101,6 +103,22 @@ class TokenBuffer:
         self._n = n + m
 
 
+@dataclass(frozen=True)
+class StepFeedback:
+    """What one step that followed a proposal cost and gave: the loop's measured seconds.
+
+    ``verify_s`` is the verify call and its rollback (the replay charges its cost model's seconds
+    instead, see :func:`promptlookup.speculate.generate`); ``draft_s`` is everything else the step
+    spent on the source: being told the pending token, proposing, being told the confirmed tokens,
+    and the previous feedback. Both count, because both are time a plain decode would not have
+    spent."""
+
+    fed: int  # tokens the verify fed: 1 + the drafted tokens sent
+    confirmed: int  # tokens the step confirmed: the accepted drafts + the model's own token
+    verify_s: float
+    draft_s: float
+
+
 @runtime_checkable
 class DraftSource(Protocol):
     """What the speculative loop needs of a source."""
@@ -119,6 +137,10 @@ class DraftSource(Protocol):
     def commit(self) -> None:
         """End of a request: keep what should carry over to the next one (a no-op where nothing does)."""
 
+    def feedback(self, step: StepFeedback) -> None:
+        """After a step that followed :meth:`propose`: what it cost and confirmed (a no-op for a
+        source whose proposals do not depend on time; the controller ``auto`` learns from it)."""
+
 
 class NoDraft:
     """The plain-decoding source: it always abstains, so every step is a single-token decode."""
@@ -135,4 +157,7 @@ class NoDraft:
         return make_draft((), self.name)
 
     def commit(self) -> None:
+        pass
+
+    def feedback(self, step: StepFeedback) -> None:
         pass

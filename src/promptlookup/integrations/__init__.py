@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from promptlookup.drafting.base import Draft, DraftSource
+from promptlookup.drafting.base import Draft, DraftSource, StepFeedback
 from promptlookup.drafting.spec import OFF, Run, SourceSpec, SpecError, finish, options_of, source_factory
 from promptlookup.errors import UsageError
 
@@ -104,6 +104,10 @@ class Drafter:
 
     def commit(self) -> None:
         self.source.commit()
+
+    def feedback(self, step: StepFeedback) -> None:
+        """Passed on (the transformers drop-in runs our loop, so ``auto`` learns from its steps)."""
+        self.source.feedback(step)
 
     def save(self) -> None:
         finish(self.spec, self.source)

@@ -3,7 +3,10 @@
 The text itself stands in for the model (:class:`~promptlookup.backends.text.TextBackend` answers
 every verify with the text's true next tokens), so a replay runs the very same loop, sources and
 controller as a real generation; each verify step is charged the curve's cost for its width.
-Plain decoding of the same text costs one 1-token decode per token after the first.
+Plain decoding of the same text costs one 1-token decode per token after the first. The curve is
+also the replay's clock: a source that learns from measured time (``auto``) is told the curve's
+seconds for each step, and drafting is charged nothing, as in the oracle, so a replay is
+deterministic.
 
 The **hindsight oracle** knows, at every position, how many tokens of the source's longest draft
 the text would accept, and picks the draft length of every step to minimize total cost (a dynamic
@@ -42,7 +45,8 @@ def simulate(prompt: Sequence[int], continuation: Sequence[int], source: DraftSo
     """Run the loop on the text with ``source`` and charge each verify step by ``curve``."""
     stream = list(prompt) + list(continuation)
     backend = TextBackend(stream)
-    gen = generate(backend, prompt, len(continuation), source=source, draft=draft)
+    gen = generate(backend, prompt, len(continuation), source=source, draft=draft,
+                   verify_seconds=curve.cost)
     if gen.tokens != list(continuation):  # the loop must reproduce the text exactly
         raise AssertionError("replay diverged from the text: the loop is not exact")
     unit = curve.cost(1)

@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from numba import njit
 
-from promptlookup.drafting.base import Draft, TokenBuffer, make_draft
+from promptlookup.drafting.base import Draft, StepFeedback, TokenBuffer, make_draft
 from promptlookup.drafting.lookup.cache import (
     NGRAM_MAX,
     NGRAM_STATIC,
@@ -344,6 +344,9 @@ class LookupSource(TokenBuffer):
     def commit(self) -> None:
         self.dynamic.merge(self.context)
         self.context.clear()
+
+    def feedback(self, step: StepFeedback) -> None:
+        """llama.cpp's rule is fixed: what a step cost does not change what it proposes."""
 
 
 # --- the source vocabulary (promptlookup.drafting.spec): lookup[:draft=N][:static=FILE][:dynamic=FILE] ---

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from numba import njit
 
-from promptlookup.drafting.base import Draft, TokenBuffer, compiled_entry, make_draft
+from promptlookup.drafting.base import Draft, StepFeedback, TokenBuffer, compiled_entry, make_draft
 from promptlookup.drafting.ngram.index import (
     KEYS,
     STATE_MAX_MATCH,
@@ -181,6 +181,9 @@ class SuffixMatchSource(TokenBuffer):
 
     def commit(self) -> None:
         """Nothing carries over: the next request's ``reset`` starts from its own prompt."""
+
+    def feedback(self, step: StepFeedback) -> None:
+        """A fixed rule: what a step cost does not change what it proposes."""
 
 
 # --- the source vocabulary (promptlookup.drafting.spec): ngram[:draft=N][:min=N][:max=N] ---

@@ -44,7 +44,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from numba import njit
 
-from promptlookup.drafting.base import Draft, TokenBuffer, compiled_entry, make_draft
+from promptlookup.drafting.base import Draft, StepFeedback, TokenBuffer, compiled_entry, make_draft
 from promptlookup.drafting.spec import DRAFT, Option, Run, SourceSpec, SpecError
 from promptlookup.drafting.suffix.automaton import (
     A_ED,
@@ -485,6 +485,9 @@ class SuffixSource(TokenBuffer):
         if not self._committed and self.record and self.history is not None and self._n:
             self.history.add(self._buf[: self._n])
         self._committed = True
+
+    def feedback(self, step: StepFeedback) -> None:
+        """Scores and thresholds are fixed settings: what a step cost does not change a proposal."""
 
     def reset(self, prompt: Sequence[int]) -> None:
         self.commit()
