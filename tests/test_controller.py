@@ -111,3 +111,95 @@ def test_auto_refuses_bad_configuration():
         AutoDrafter([], [1.0, 2.0])
     with pytest.raises(ValueError, match="cost curve"):
         AutoDrafter([SuffixMatchSource()], [1.0])
+
+
+def _widths(model: FakeModel) -> list[int]:
+    return [len(ids) for ids in model.verify_calls]
+
+
+# A fake text that settles into a cycle of 20 tokens: once it has gone round, every draft holds.
+FAKE = {"n_vocab": 8, "window": 2, "seed": 4}
+PROMPT = list(range(8)) * 2
+
+
+def _run_auto(cost, n=240, curve=(1.0,) * 9):
+    """auto on the repetitive fake text, told that drafting is free (a flat curve), while the
+    loop's clock charges ``cost(width)`` seconds per verify."""
+    model = FakeModel(**FAKE)
+    auto = AutoDrafter([SuffixMatchSource(min_match=1)], list(curve))
+    gen = generate(model, PROMPT, n, source=auto, draft=8, verify_seconds=cost)
+    assert gen.tokens == generate(FakeModel(**FAKE), PROMPT, n).tokens
+    return _widths(model), auto
+
+
+def test_auto_stops_drafting_when_measured_verify_is_expensive():
+    # A draft of any length costs 12 plain decodes: even 9 confirmed tokens do not pay. The curve
+    # said the opposite; the measured seconds win, and after a few trials auto decodes plainly.
+    widths, auto = _run_auto(lambda w: 0.001 if w == 1 else 0.012)
+    late = widths[len(widths) // 2:]
+    assert sum(w > 1 for w in late) <= len(late) // 10
+    assert auto.times.verify(9) > 4 * auto.times.verify(1)  # learned from a few trials, not the curve
+
+
+def test_auto_drafts_when_measured_verify_is_cheap():
+    # Negative control: the same text and curve, every verify as cheap as a plain decode.
+    widths, auto = _run_auto(lambda w: 0.001)
+    late = widths[len(widths) // 2:]
+    assert sum(w > 1 for w in late) >= 0.8 * len(late)
+    assert sum(widths) > 3 * len(widths)  # long drafts: most steps confirm several tokens
+    assert auto.calibration.plain_probes >= 1  # the plain baseline was measured all the same
+
+
+def test_auto_follows_a_cost_that_drifts_during_the_run():
+    # Cheap verifies first, then (context grew, another job started) drafting stops paying.
+    steps = []
+
+    def cost(w):
+        steps.append(w)
+        return 0.001 if w == 1 or len(steps) <= 40 else 0.012
+
+    widths, _ = _run_auto(cost, n=700)
+    assert sum(w > 1 for w in widths[:40]) >= 32
+    tail = widths[-100:]  # after at most one PLAIN_EVERY period, plain decoding has taken over
+    assert sum(w > 1 for w in tail) <= 10
+
+
+class SlowVerify(FakeModel):
+    """A fake whose verify really takes time: ``plain_s`` for one token, ``draft_s`` for more."""
+
+    def __init__(self, plain_s: float, draft_s: float) -> None:
+        super().__init__(**FAKE)
+        self.plain_s, self.draft_s = plain_s, draft_s
+
+    def verify(self, ids):
+        import time
+
+        time.sleep(self.plain_s if len(ids) == 1 else self.draft_s)
+        return super().verify(ids)
+
+
+@pytest.mark.parametrize("draft_s, drafts", [(0.020, False), (0.002, True)])
+def test_auto_on_measured_wall_time(draft_s, drafts):
+    # The same with the loop's own perf_counter: sleep is a lower bound, so load on the machine can
+    # only make the plain step (2 ms) relatively cheaper in the slow case, and the ratio stays 1:1
+    # plus noise in the cheap one (where 4-9 confirmed tokens per step pay under any noise).
+    model = SlowVerify(0.002, draft_s)
+    auto = AutoDrafter([SuffixMatchSource(min_match=1)], [1.0] * 9)
+    gen = generate(model, PROMPT, 160, source=auto, draft=8)
+    assert gen.tokens == generate(FakeModel(**FAKE), PROMPT, 160).tokens
+    late = _widths(model)[len(model.verify_calls) // 2:]
+    share = sum(w > 1 for w in late) / len(late)
+    assert share >= 0.7 if drafts else share <= 0.15
+
+
+@settings(max_examples=40, deadline=None)
+@given(prompt=st.lists(st.integers(0, 5), min_size=1, max_size=30), n=st.integers(1, 120),
+       costs=st.lists(st.floats(1e-4, 1.0), min_size=9, max_size=9), seed=st.integers(0, 3))
+def test_auto_is_exact_under_any_measured_cost(prompt, n, costs, seed):
+    # Whatever the clock says (the feedback steers every choice), the output is plain greedy's.
+    model = FakeModel(n_vocab=6, window=2, seed=seed)
+    expected = generate(FakeModel(n_vocab=6, window=2, seed=seed), prompt, n).tokens
+    auto = AutoDrafter([SuffixMatchSource(min_match=1), SuffixMatchSource(min_match=3)],
+                       [1.0, 1.74, 2.08, 2.46, 3.1, 3.53, 3.91, 4.0, 4.65])
+    got = generate(model, prompt, n, source=auto, draft=8, verify_seconds=lambda w: costs[w - 1])
+    assert got.tokens == expected

@@ -483,9 +483,15 @@ def _logprob_json(backend, lp) -> dict:
 def _auto_report(drafter) -> str:
     cal = drafter.calibration
     used = ", ".join(f"{k} on {v}" for k, v in sorted(cal.per_source.items())) or "none"
-    return (f"auto: drafted on {cal.chosen_steps} of {cal.steps} steps ({used}); "
+    line = (f"auto: drafted on {cal.chosen_steps} of {cal.steps} steps ({used}); "
             f"predicted {cal.predicted:.1f} accepted tokens, realized {cal.realized} "
             f"(calibration {cal.ratio:.2f})")
+    t = drafter.times
+    if t.measured:
+        line += (f"; measured plain step {1000 * t.step(1):.2f} ms, drafting {1000 * t.overhead:.3f} ms "
+                 f"a step, {cal.plain_probes} plain probes, {cal.asked} of "
+                 f"{cal.steps * len(drafter.sources)} proposals asked")
+    return line
 
 
 def cmd_create(args: argparse.Namespace) -> int:

@@ -1,24 +1,36 @@
-"""Cost-aware speculation: draft only when the expected gain beats the measured cost of verifying.
+"""Cost-aware speculation: draft only where drafting pays, judged by the run's own measured time.
 
 Seed 000's lesson was that a drafting step which is not accepted often enough costs more than the
 plain decode it replaced, and that tightening a fixed gate converges on "off". So instead of a
-fixed draft length, :class:`AutoDrafter` decides per step, from two measured things:
+fixed draft length, :class:`AutoDrafter` decides per step which source to draft from and how many
+tokens to send (0 = a plain decode), by the most confirmed tokens per second. Three things feed it:
 
-* the **verify cost curve** ``rel[n]`` (cost of a verify feeding ``n + 1`` tokens, relative to a
-  plain decode), measured on the loaded backend; and
 * an **acceptance model**: the probability that drafted token ``i`` is accepted given that the ones
-  before it were, per (source, match-length bucket, position), learned online.
+  before it were, per (source, match-length bucket, position), learned online. For conditional
+  acceptances ``p_1..p_L``, sending ``k`` drafts confirms on average
+  ``E(k) = 1 + sum_{i<=k} prod_{j<=i} p_j`` tokens. Learning it needs no exploration: the loop's
+  output does not depend on what was drafted, so every proposal (also the ones not sent) is scored
+  against the tokens that actually follow.
+* **measured step time** (:class:`StepTimes`): after every step the loop reports the seconds of
+  its verify (rollback included) and of its drafting (:meth:`AutoDrafter.feedback`). The verify
+  cost curve measured at load only gives the shape; the seconds follow the run (context length,
+  other load, heat). The drafting seconds (every source is asked, every source is told every
+  token) are charged to every step, plain ones included, since a plain step under ``auto`` pays them.
+* **realized outcomes** of its own choices: per kind of choice (source, match bucket, length), the
+  confirmed tokens and seconds of the steps where it was taken. The prediction of a kind shrinks
+  toward its realized rate as its steps accumulate, so a choice the acceptance model likes but
+  that does not pay (against plain steps' measured rate) is dropped, and one that pays is kept.
 
-For a draft whose conditional acceptances are ``p_1..p_L``, feeding ``k`` of them confirms on
-average ``E(k) = 1 + sum_{i<=k} prod_{j<=i} p_j`` tokens at cost ``rel[k]``; the drafter picks the
-source and ``k`` (0 = plain decode) with the most expected tokens per unit of cost.
-
-Learning needs no exploration: the loop's output does not depend on what was drafted, so every
-proposal (also the ones not sent to the model) is scored against the tokens that actually follow,
-once they are known. Every step thus teaches the model about every source at every depth.
+Honest selection. Taking the best of several noisy estimates overestimates the winner (the
+winner's curse): each source's predicted accepted tokens are scaled by its own realized/predicted
+ratio on the steps it won before sources are compared, and realized rates replace predicted ones
+where they exist. Plain steps are still taken now and then (:data:`PLAIN_EVERY`) so the plain
+baseline stays measured, and a source that has not won for a while is asked only every
+:data:`PROBE_EVERY` steps, since asking costs time too.
 
 It is itself a :class:`~promptlookup.drafting.base.DraftSource` (named ``auto``) wrapping the real
-sources, so the speculative loop needs no special case for it.
+sources, so the speculative loop needs no special case for it. Without feedback (a loop that is
+not ours, such as llama-cpp-python's) it decides on the curve and the acceptance model alone.
 """
 
 from __future__ import annotations
@@ -39,6 +51,20 @@ MAX_POSITIONS = 16
 # matches up to 64 tokens long: past 16 tokens a match is still getting more reliable.
 AUTO_MAX_MATCH = 64
 
+# How the controller follows measured time (steps are verify steps of the loop).
+TIME_ALPHA = 0.1  # weight of one step in the moving time estimates: follows drift over ~10 steps
+DRIFT_SHARE = 0.5 * TIME_ALPHA  # how far one width's surprise moves the other widths' estimates
+OUTLIER = 3.0  # a step slower than 3x its expected time (another process ran) counts as 3x
+HALF_LIFE = 128.0  # steps after which a realized outcome weighs half: choices are re-judged as things drift
+CALIBRATION_STRENGTH = 4.0  # predicted accepted tokens at the prior ratio in a realized/predicted ratio
+PLAIN_EVERY = 64  # a plain step is due after this many steps without one (keeps the baseline measured)
+MIN_PLAIN = 2  # ... and while fewer than this many plain steps were measured in the run
+PROBE_GAIN = 1.5  # a due plain step is taken where the best draft promises less than this gain...
+PROBE_WAIT = 16  # ... or once it has been due this many steps
+IDLE_AFTER = 32  # a source that won none of the last IDLE_AFTER steps it was asked in...
+PROBE_EVERY = 8  # ... is asked only every PROBE_EVERY steps, until it wins again
+_DECAY = 0.5 ** (1.0 / HALF_LIFE)
+
 
 def match_bucket(match_len: int) -> int:
     b = 0
@@ -58,7 +84,9 @@ class AcceptanceModel:
     """P(drafted token i accepted | tokens before it accepted), per (source, bucket, position).
 
     Estimates shrink toward a pooled per-(source, bucket) rate, which shrinks toward a global
-    prior, so a bucket seen twice is not trusted like one seen a thousand times.
+    prior, so a bucket seen twice is not trusted like one seen a thousand times. The expected
+    tokens of a (source, bucket) are cached until that bucket learns something, because the
+    controller asks for them on every step for every source.
     """
 
     def __init__(self, prior_mean: Sequence[float] | float = BUCKET_PRIOR, prior_strength: float = 2.0,
@@ -70,22 +98,37 @@ class AcceptanceModel:
         self.pool_strength = pool_strength
         self._cells: dict[tuple[str, int, int], _Beta] = {}
         self._pools: dict[tuple[str, int], _Beta] = {}
+        self._expected: dict[tuple[str, int], list[float]] = {}
 
     def _pooled(self, source: str, bucket: int) -> float:
         pool = self._pools.get((source, bucket), _Beta())
         prior = self.prior_mean[bucket]
         return (pool.hits + prior * self.prior_strength) / (pool.trials + self.prior_strength)
 
+    def _p(self, source: str, bucket: int, position: int, base: float) -> float:
+        cell = self._cells.get((source, bucket, min(position, MAX_POSITIONS - 1)), _Beta())
+        return (cell.hits + base * self.pool_strength) / (cell.trials + self.pool_strength)
+
     def p(self, source: str, match_len: int, position: int) -> float:
         """Conditional acceptance of the token at ``position`` (0-based) of a draft."""
         bucket = match_bucket(match_len)
-        base = self._pooled(source, bucket)
-        cell = self._cells.get((source, bucket, min(position, MAX_POSITIONS - 1)), _Beta())
-        return (cell.hits + base * self.pool_strength) / (cell.trials + self.pool_strength)
+        return self._p(source, bucket, position, self._pooled(source, bucket))
+
+    def expected(self, source: str, match_len: int, depth: int = MAX_POSITIONS) -> list[float]:
+        """``E(k)`` for k = 0..depth (see :func:`expected_tokens`), for a draft of this source and
+        match length; the list may be longer than asked (callers slice)."""
+        bucket = match_bucket(match_len)
+        e = self._expected.get((source, bucket))
+        if e is None or len(e) <= depth:
+            base = self._pooled(source, bucket)
+            e = expected_tokens([self._p(source, bucket, i, base) for i in range(depth)])
+            self._expected[(source, bucket)] = e
+        return e
 
     def observe(self, source: str, match_len: int, n_drafted: int, n_accepted: int) -> None:
         """Record a resolved draft: positions 0..n_accepted were tried, the first n_accepted held."""
         bucket = match_bucket(match_len)
+        self._expected.pop((source, bucket), None)
         pool = self._pools.setdefault((source, bucket), _Beta())
         for i in range(min(n_accepted + 1, n_drafted)):
             hit = 1.0 if i < n_accepted else 0.0
@@ -117,6 +160,133 @@ def best_length(p: Sequence[float], rel_cost: Sequence[float]) -> tuple[int, flo
     return best_k, best_rate
 
 
+class StepTimes:
+    """Seconds of a step by verify width, measured on the run's own steps.
+
+    Each width's estimate is the moving average of its own measured verifies (rollback included).
+    A width not measured yet is read off its measured neighbours through the curve's relative
+    costs (between two measured widths, the two readings blended by distance); before any
+    measurement the curve itself is the estimate (in plain-decode units). The load-time
+    curve thus only gives the shape where nothing was measured; a curve timed once at a short
+    context can be wrong at the run's context (the bundled model's 3-token verify was 1.66 plain
+    decodes on the curve and about 2.0 in a prose run). A wider verify is never expected to be
+    cheaper than a narrower one (the estimates are made non-decreasing).
+
+    Drift (context length, other load, heat) shows first in the widths in use: every measurement's
+    surprise (measured over expected) also moves the other measured widths, by :data:`DRIFT_SHARE`
+    of the weight it has on its own width, so the plain decode's estimate follows while a run drafts
+    on every step, and plain steps taken now and then re-anchor it. One slow step (another process
+    took the core) is clipped at :data:`OUTLIER` times its expected time so it cannot swing the
+    estimates. A measurement of a width not measured for a while weighs as much as the steps it
+    missed would have, so a rare plain step re-anchors the baseline at once.
+    """
+
+    def __init__(self, rel_cost: Sequence[float]) -> None:
+        self.rel = [float(c) for c in rel_cost]
+        self.own = [0.0] * len(self.rel)  # measured seconds per width (index width - 1)
+        self.count = [0] * len(self.rel)
+        self.last = [0] * len(self.rel)  # the step each width was last measured at
+        self.overhead = 0.0  # seconds a step spends drafting (asking, telling, this controller)
+        self.steps = 0
+        self._verify = list(self.rel)  # expected seconds per width
+
+    @property
+    def measured(self) -> bool:
+        return self.steps > 0
+
+    def verify(self, width: int) -> float:
+        """Expected seconds of a verify feeding ``width`` tokens (curve units before any step)."""
+        return self._verify[min(width, len(self.rel)) - 1]
+
+    def step(self, width: int) -> float:
+        """Expected seconds of a whole step: its verify and the drafting every step pays."""
+        return self._verify[min(width, len(self.rel)) - 1] + self.overhead
+
+    def observe(self, width: int, verify_s: float, draft_s: float) -> None:
+        i = min(width, len(self.rel)) - 1
+        verify_s = max(verify_s, 1e-9)
+        if self.steps == 0:
+            self.overhead = draft_s
+        else:
+            draft_s = min(draft_s, OUTLIER * max(self.overhead, 1e-6))
+            self.overhead += TIME_ALPHA * (draft_s - self.overhead)
+            expected = self._verify[i]
+            verify_s = min(verify_s, OUTLIER * expected)
+            drift = (verify_s / expected) ** DRIFT_SHARE
+            for v, n in enumerate(self.count):
+                if n and v != i:
+                    self.own[v] *= drift
+        n = self.count[i]
+        # A plain mean at first, then a moving one; an estimate last measured ``age`` steps ago
+        # weighs as if it had decayed all that time, so a rare plain step re-anchors the baseline.
+        age = self.steps - self.last[i]
+        weight = max(1.0 / (n + 1), 1.0 - (1.0 - TIME_ALPHA) ** age)
+        self.own[i] += weight * (verify_s - self.own[i])
+        self.count[i] = n + 1
+        self.steps += 1
+        self.last[i] = self.steps
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        width = len(self.rel)
+        known = [v for v in range(width) if self.count[v]]
+        est = list(self.own)
+        below = None
+        k = 0  # index in known of the first measured width above v
+        for v in range(width):
+            if self.count[v]:
+                below = v
+                k += 1
+                continue
+            above = known[k] if k < len(known) else None
+            if below is not None and above is not None:  # the curve's shape scaled by both ends
+                t = (v - below) / (above - below)
+                est[v] = self.rel[v] * ((1 - t) * self.own[below] / self.rel[below]
+                                        + t * self.own[above] / self.rel[above])
+            elif below is not None:
+                est[v] = self.own[below] * self.rel[v] / self.rel[below]
+            else:
+                assert above is not None
+                est[v] = self.own[above] * self.rel[v] / self.rel[above]
+        for v in range(1, width):
+            est[v] = max(est[v], est[v - 1])
+        self._verify = est
+
+
+@dataclass
+class _Ledger:
+    """Realized outcomes of one kind of choice, older steps weighing less (half-life HALF_LIFE)."""
+
+    n: float = 0.0  # steps
+    accepted: float = 0.0  # accepted drafts
+    predicted: float = 0.0  # accepted drafts the acceptance model predicted
+    tokens: float = 0.0  # confirmed tokens of the steps whose time was measured (feedback)
+    seconds: float = 0.0  # their step seconds, drafting included
+    at: int = 0  # the step the sums are decayed to
+
+    def age(self, now: int) -> _Ledger:
+        if now != self.at:
+            f = _DECAY ** (now - self.at)
+            self.n *= f
+            self.tokens *= f
+            self.seconds *= f
+            self.accepted *= f
+            self.predicted *= f
+            self.at = now
+        return self
+
+    def add(self, now: int, accepted: int, predicted: float) -> None:
+        self.age(now)
+        self.n += 1
+        self.accepted += accepted
+        self.predicted += predicted
+
+    def timed(self, now: int, tokens: int, seconds: float) -> None:
+        self.age(now)
+        self.tokens += tokens
+        self.seconds += seconds
+
+
 @dataclass
 class _Pending:
     start: int  # index in the confirmed stream of the first token this draft guessed
@@ -132,14 +302,23 @@ class Calibration:
     chosen_steps: int = 0
     steps: int = 0
     per_source: dict[str, int] = field(default_factory=dict)
+    plain_probes: int = 0  # plain steps taken to keep the plain baseline measured
+    asked: int = 0  # proposals asked of the sources (at most sources x steps)
 
     @property
     def ratio(self) -> float:
         return self.realized / self.predicted if self.predicted > 0 else 0.0
 
 
+@dataclass
+class _Choice:
+    """What :meth:`AutoDrafter.propose` decided, kept until the step's feedback arrives."""
+
+    key: tuple[str, int, int] | None  # (source, match bucket, length); None: a plain step
+
+
 class AutoDrafter:
-    """``--speculate auto``: pick the source and draft length per step from cost and acceptance."""
+    """``--speculate auto``: pick the source and draft length per step by measured tokens per second."""
 
     name = "auto"
 
@@ -155,25 +334,31 @@ class AutoDrafter:
         self.margin = margin
         self.model = model or AcceptanceModel()
         self.calibration = Calibration()
+        self.times = StepTimes(self.rel_cost)
+        self._arms: dict[tuple[str, int, int], _Ledger] = {}
+        self._by_source: dict[str, _Ledger] = {}
+        self._idle = [0] * len(self.sources)  # asked steps since each source last won
+        self._since_plain = 0
+        self._step = 0
+        self._last: _Choice | None = None
         self._stream: list[int] = []
         self._pending: list[_Pending] = []
-        # start of the step -> (source drafted from, tokens sent, predicted accepted tokens)
-        self._chosen: dict[int, tuple[str, int, float]] = {}
+        # start of the step -> (kind of choice: source, bucket, tokens sent; predicted accepted tokens)
+        self._chosen: dict[int, tuple[tuple[str, int, int], float]] = {}
 
     def reset(self, prompt: Sequence[int]) -> None:
+        """A new request: the sources restart; what was learned about acceptance and time stays."""
         for s in self.sources:
             s.reset(prompt)
         self._stream = []
         self._pending = []
         self._chosen = {}
+        self._last = None
 
     def commit(self) -> None:
         """End of a request: sources that learn across requests (lookup's dynamic cache) keep it."""
         for s in self.sources:
             s.commit()
-
-    def feedback(self, step: StepFeedback) -> None:
-        """Not used yet: the choice rests on the curve and the acceptance model."""
 
     def extend(self, tokens: Sequence[int]) -> None:
         for s in self.sources:
@@ -196,37 +381,136 @@ class AutoDrafter:
                 continue
             self.model.observe(pend.draft.source, pend.draft.match_len, len(toks), m)
             chosen = self._chosen.get(pend.start)
-            if chosen is not None and chosen[0] == pend.draft.source:
+            if chosen is not None and chosen[0][0] == pend.draft.source:
                 del self._chosen[pend.start]
-                self.calibration.predicted += chosen[2]
-                self.calibration.realized += min(m, chosen[1])
+                key, predicted = chosen
+                accepted = min(m, key[2])
+                self.calibration.predicted += predicted
+                self.calibration.realized += accepted
+                # the realized/predicted ratios that correct the winner's curse (known from the
+                # tokens alone, so they work without the loop's feedback too)
+                for led in (self._arms.setdefault(key, _Ledger(at=self._step)),
+                            self._by_source.setdefault(key[0], _Ledger(at=self._step))):
+                    led.add(self._step, accepted, predicted)
         self._pending = still
+
+    # -- what a choice is worth -----------------------------------------------------------------
+    def source_ratio(self, source: str) -> float:
+        """Realized over predicted accepted drafts on the steps ``source`` won (1 before any),
+        shrunk toward 1 by :data:`CALIBRATION_STRENGTH` tokens: the winner's-curse correction."""
+        led = self._by_source.get(source)
+        if led is None:
+            return 1.0
+        led.age(self._step)
+        return (led.accepted + CALIBRATION_STRENGTH) / (led.predicted + CALIBRATION_STRENGTH)
+
+    def plain_rate(self) -> float:
+        """Tokens per second of a plain step (in plain-decode units before any feedback)."""
+        return 1.0 / self.times.step(1)
+
+    def choice_ratio(self, source: str, match_len: int, k: int, ratio: float | None = None) -> float:
+        """Realized over predicted accepted drafts on the steps where this kind of choice (source,
+        match bucket, length) was taken, shrunk toward its source's ratio: a kind the acceptance
+        model overrates is scaled down by its own record, older steps weighing less."""
+        if ratio is None:
+            ratio = self.source_ratio(source)
+        led = self._arms.get((source, match_bucket(match_len), k))
+        if led is None:
+            return ratio
+        led.age(self._step)
+        return (led.accepted + CALIBRATION_STRENGTH * ratio) / (led.predicted + CALIBRATION_STRENGTH)
+
+    def rate(self, source: str, match_len: int, k: int, expected: float | None = None,
+             ratio: float | None = None) -> float:
+        """Expected confirmed tokens per second of sending ``k`` drafts of this source and match
+        length: the accepted drafts the acceptance model predicts, scaled by what this kind of
+        choice realized (:meth:`choice_ratio`), plus the model's own token, over the measured
+        seconds of a step of that width (drafting included). Tokens are judged per kind of choice
+        and seconds per width, so a change of cost (drift) shows in every choice at once."""
+        if expected is None:
+            expected = self.model.expected(source, match_len, k)[k]
+        rho = self.choice_ratio(source, match_len, k, ratio)
+        return (1.0 + rho * (expected - 1.0)) / self.times.step(k + 1)
+
+    def realized(self) -> dict[tuple[str, int, int], tuple[float, float]]:
+        """Per kind of choice taken: (steps, measured seconds per confirmed token), decayed like
+        the ratios; plain steps' seconds per token is ``times.step(1)``."""
+        out = {}
+        for key, led in self._arms.items():
+            led.age(self._step)
+            if led.tokens > 0:
+                out[key] = (led.n, led.seconds / led.tokens)
+        return out
+
+    def _plain_due(self, gain: float) -> bool:
+        """Whether to decode plainly although a draft looks better: the plain baseline is what
+        every choice is judged against, so it must be measured early (:data:`MIN_PLAIN` steps) and
+        again every :data:`PLAIN_EVERY` steps, at a step where the draft promises little."""
+        if not self.times.measured:  # no feedback (yet): nothing to measure the baseline for
+            return False
+        due = self._since_plain - PLAIN_EVERY if self.times.count[0] >= MIN_PLAIN else self._step - 1
+        return due >= 0 and (gain < PROBE_GAIN or due >= PROBE_WAIT)
+
+    def _ask(self, i: int) -> bool:
+        return self._idle[i] < IDLE_AFTER or (self._step + i) % PROBE_EVERY == 0
 
     def propose(self, k: int) -> Draft:
         start = len(self._stream)
-        self.calibration.steps += 1
+        self._step += 1
+        self._since_plain += 1
+        cal = self.calibration
+        cal.steps += 1
+        plain = self.plain_rate() * (1.0 + self.margin)
         best: Draft | None = None
-        best_k, best_rate = 0, (1.0 + self.margin) / self.rel_cost[0]
-        best_pred = 0.0
+        best_i, best_k, best_rate, best_pred = -1, 0, plain, 0.0
         depth = min(k, self.max_draft)
-        for source in self.sources:
+        for i, source in enumerate(self.sources):
+            if not self._ask(i):
+                continue
+            cal.asked += 1
+            self._idle[i] += 1  # restarts below if this source wins
             d = source.propose(self.max_draft)
             if not d.tokens:
                 continue
             self._pending.append(_Pending(start, d))
-            p = [self.model.p(d.source, d.match_len, i) for i in range(min(len(d.tokens), depth))]
-            kk, rate = best_length(p, self.rel_cost)
-            if kk > 0 and rate > best_rate + 1e-12:
-                best, best_k, best_rate = d, kk, rate
-                best_pred = expected_tokens(p)[kk] - 1.0
-        if best is None or best_k == 0:
+            top = min(len(d.tokens), depth)
+            e = self.model.expected(d.source, d.match_len, top)
+            ratio = self.source_ratio(d.source)
+            for kk in range(1, top + 1):
+                r = self.rate(d.source, d.match_len, kk, e[kk], ratio)
+                if r > best_rate + 1e-12:
+                    best, best_i, best_k, best_rate, best_pred = d, i, kk, r, e[kk] - 1.0
+        if best_i >= 0:
+            self._idle[best_i] = 0
+        if best is not None and self._plain_due(best_rate / plain):
+            best = None  # a plain step now and then keeps the baseline measured as the curve drifts
+            cal.plain_probes += 1
+        if best is None:
+            self._last = _Choice(None)
+            self._since_plain = 0
             return Draft(source=self.name)
         # One chosen draft per step; the pending entry of that source carries the outcome.
-        self._chosen[start] = (best.source, best_k, best_pred)
-        self.calibration.chosen_steps += 1
-        self.calibration.per_source[best.source] = self.calibration.per_source.get(best.source, 0) + 1
+        key = (best.source, match_bucket(best.match_len), best_k)
+        self._chosen[start] = (key, best_pred)
+        self._last = _Choice(key)
+        cal.chosen_steps += 1
+        cal.per_source[best.source] = cal.per_source.get(best.source, 0) + 1
         return Draft(tokens=best.tokens[:best_k], source=best.source, match_len=best.match_len,
                      features={**best.features, "expected_tokens": best_pred + 1.0, "rate": best_rate})
+
+    def feedback(self, step: StepFeedback) -> None:
+        """The step after :meth:`propose` took ``step.verify_s + step.draft_s`` seconds and confirmed
+        ``step.confirmed`` tokens: the time model learns what that width costs now, and a drafted
+        step's seconds per token are booked to its kind of choice (:meth:`realized`)."""
+        choice, self._last = self._last, None
+        if choice is None:
+            return
+        self.times.observe(step.fed, step.verify_s, step.draft_s)
+        if choice.key is None:
+            self._since_plain = 0
+            return
+        led = self._arms.setdefault(choice.key, _Ledger(at=self._step))
+        led.timed(self._step, step.confirmed, step.verify_s + step.draft_s)
 
 
 def auto_sources(*extra: DraftSource | None) -> list[DraftSource]:
