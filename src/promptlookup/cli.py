@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections.abc import Sequence
@@ -215,7 +216,8 @@ def _add_bench_command(sub) -> None:
                    help="rounds; off runs once per round, so at least 2 gives a noise band (default 2)")
     b.add_argument("-n", "--n-predict", type=_int_in(1, MAX_PREDICT, "--n-predict"), default=256)
     b.add_argument("--no-chat", action="store_true", help="feed the prompts raw, without the chat template")
-    b.add_argument("--csv", metavar="FILE", help="write every run's counters as CSV")
+    b.add_argument("--csv", metavar="FILE",
+                   help="write every run's counters as CSV, each row as soon as its run ends")
     b.add_argument("--md", metavar="FILE", help="write the markdown tables")
     b.add_argument("--png", metavar="FILE", help="write a chart of effective tok/s per cell")
     _add_sampling_args(b)
@@ -632,17 +634,31 @@ def cmd_bench(args: argparse.Namespace) -> int:
         workloads[f.stem] = requests
     bench.check_cells(cells, backend)
     params, seed = sampler.params, sampler.seed
-    runs, oracles = bench.run_bench(backend, workloads, cells, args.repeat, args.n_predict,
-                                    progress=bench.stderr_progress,
-                                    make_sampler=lambda: Sampler(params, seed))
+    done: list = []  # every finished run, also when the bench is interrupted
+    with contextlib.ExitStack() as stack:
+        rows = None
+        if args.csv:  # each run's row is written (and flushed) when the run ends
+            rows = bench.CsvRows(stack.enter_context(open(args.csv, "w", encoding="utf-8", newline="")))
+
+        def finished(run) -> None:
+            done.append(run)
+            if rows is not None:
+                rows(run)
+
+        try:
+            runs, oracles = bench.run_bench(backend, workloads, cells, args.repeat, args.n_predict,
+                                            progress=bench.stderr_progress,
+                                            make_sampler=lambda: Sampler(params, seed), on_run=finished)
+        except KeyboardInterrupt:
+            if done:  # what was measured before the interrupt is still a table
+                print(bench.table(done) + "\n\n" + bench.summary(done) + "\n")
+            raise
     md = bench.table(runs) + "\n\n" + bench.summary(runs, oracles) + "\n"
     if not sampler.argmax_only:
         md = f"{_sampling_line(sampler)}; every run uses this seed\n\n{md}"
     print(md)
     if args.md:
         atomic_write_text(Path(args.md), md)
-    if args.csv:
-        atomic_write_text(Path(args.csv), bench.csv_text(runs))
     if args.png:
         bench.chart(runs, Path(args.png))
     return 0

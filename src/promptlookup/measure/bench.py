@@ -11,20 +11,30 @@ Peers (:mod:`promptlookup.measure.peers`) run the engines' own prompt lookup on 
 ``peer-llamacpp`` (``pred``: llama-cpp-python's num_pred_tokens, 0 = its plain loop) and ``peer-hf``
 (``pld``: transformers' prompt_lookup_num_tokens, 0 = plain generate). A peer is compared with our
 plain run when it is the bench backend's engine, else with its own 0 setting (``-`` until that ran).
+
+A speed claim is a **paired ratio**: each round's cell against that round's ``off`` (the two ran
+minutes apart, under the same load and heat), summarized as the geometric mean over rounds with a
+seeded bootstrap confidence interval over rounds (:func:`bootstrap_ci`). A ratio whose interval
+includes 1.0 is not a measured difference. Every run's row can be written as soon as the run
+finishes (:class:`CsvRows`), so an interrupted bench keeps what it measured.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import math
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
+import numpy as np
+
+from promptlookup.drafting.auto import AutoDrafter
 from promptlookup.drafting.base import DraftSource
 from promptlookup.drafting.spec import OFF, SOURCES, Run, SourceSpec, SpecError, build_source
 from promptlookup.telemetry import Counters
@@ -134,9 +144,11 @@ def oracle_speedup(backend, requests: Sequence[Sequence[int]], outputs: Sequence
 
 def run_bench(backend, workloads: dict[str, list[list[int]]], cells: Sequence[Cell], repeat: int,
               n_predict: int, progress: Callable[[str], None] | None = None,
-              make_sampler: Callable[[], Any] | None = None) -> tuple[list[CellRun], dict[str, float]]:
+              make_sampler: Callable[[], Any] | None = None,
+              on_run: Callable[[CellRun], None] | None = None) -> tuple[list[CellRun], dict[str, float]]:
     """Run every (workload, cell) ``repeat`` times, alternating cells within each round; also return
-    each workload's oracle speedup on its first plain output.
+    each workload's oracle speedup on its first plain output. ``on_run`` is called with each run as
+    soon as it finishes (the CSV writes its row there).
 
     ``make_sampler`` gives each request a fresh sampler (same settings and seed for every cell, so a
     speculated cell's "identical" compares it with plain sampling at that seed); None is greedy.
@@ -163,6 +175,8 @@ def run_bench(backend, workloads: dict[str, list[list[int]]], cells: Sequence[Ce
                 if cell.name in PEERS:
                     runs.append(_peer_run(cell, backend, wname, requests[-1], n_predict, r + 1,
                                           reference[-1] if reference else None, peer_refs, engines))
+                    if on_run:
+                        on_run(runs[-1])
                     continue
                 source, draft = make_source(cell, backend)
                 outputs = []
@@ -177,12 +191,15 @@ def run_bench(backend, workloads: dict[str, list[list[int]]], cells: Sequence[Ce
                 if cell.name == "off" and reference is None:
                     reference = outputs
                 extra = {}
-                cal = getattr(source, "calibration", None)
-                if cal is not None:
-                    extra = {"calibration": round(cal.ratio, 3), "auto_steps": cal.chosen_steps}
+                if isinstance(source, AutoDrafter):
+                    cal = source.calibration
+                    extra = {"calibration": round(cal.ratio, 3), "auto_steps": cal.chosen_steps,
+                             "plain_probes": cal.plain_probes, "asked": cal.asked}
                 runs.append(CellRun(wname, cell, r + 1, gen.counters,
                                     outputs[-1] == reference[-1] if reference is not None else True,
                                     wall, extra))
+                if on_run:
+                    on_run(runs[-1])
         if reference is not None:
             oracles[wname] = oracle_speedup(backend, requests, reference)
     return runs, oracles
@@ -223,40 +240,131 @@ def _yes_no(flag: bool | None) -> str:
     return "-" if flag is None else "yes" if flag else "no"
 
 
+BOOTSTRAP_RESAMPLES = 4000
+BOOTSTRAP_SEED = 20261201  # fixed: the same runs always print the same interval
+
+
+def paired_ratios(runs: Sequence[CellRun], workload: str, label: str) -> list[float]:
+    """Each round's effective rate of cell ``label`` over that round's ``off`` run, in round
+    order; a round without both (an interrupted bench) is left out."""
+    off = {r.repeat: r.counters.effective_tps for r in runs
+           if r.workload == workload and r.cell.name == OFF}
+    out = []
+    for r in runs:
+        if r.workload == workload and r.cell.label == label and off.get(r.repeat, 0.0) > 0:
+            out.append(r.counters.effective_tps / off[r.repeat])
+    return out
+
+
+def geomean(values: Sequence[float]) -> float:
+    """The geometric mean: the right average of ratios (1.25x and 0.8x average to 1.0x)."""
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def bootstrap_ci(ratios: Sequence[float], level: float = 0.95, resamples: int = BOOTSTRAP_RESAMPLES,
+                 seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
+    """Percentile bootstrap interval of the geometric mean of ``ratios`` (rounds resampled with
+    replacement), seeded so a table is reproducible. With one ratio the interval is that ratio:
+    one round cannot say how much a ratio moves, so the bench asks for more rounds."""
+    r = np.asarray(ratios, dtype=np.float64)
+    if r.size == 0 or not np.all((r > 0) & np.isfinite(r)):
+        raise ValueError("bootstrap needs at least one positive, finite ratio")
+    x = np.log(r)
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, x.size, size=(resamples, x.size))
+    means = np.exp(x[idx].mean(axis=1))
+    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
+def bootstrap_ci_reference(ratios: Sequence[float], level: float = 0.95, resamples: int = BOOTSTRAP_RESAMPLES,
+                           seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
+    """:func:`bootstrap_ci` one resample at a time in plain Python (its twin in the tests): the same
+    generator draws, row by row, and numpy's default (linear) quantile written out."""
+    logs = [math.log(v) for v in ratios]
+    n = len(logs)
+    rng = np.random.default_rng(seed)
+    means = []
+    for _ in range(resamples):
+        row = rng.integers(0, n, size=n)
+        means.append(math.exp(sum(logs[int(i)] for i in row) / n))
+    means.sort()
+
+    def quantile(q: float) -> float:
+        h = (len(means) - 1) * q
+        lo = math.floor(h)
+        hi = min(lo + 1, len(means) - 1)
+        return means[lo] + (h - lo) * (means[hi] - means[lo])
+
+    return quantile((1 - level) / 2), quantile((1 + level) / 2)
+
+
 def summary(runs: Sequence[CellRun], oracles: dict[str, float] | None = None) -> str:
-    """Per workload: the off noise band, each cell's median effective rate against the off median,
-    and that speedup as a share of the hindsight oracle's."""
+    """Per workload: the off noise band, each cell's median effective rate, its paired ratio to
+    off (geometric mean over rounds, with its 95% bootstrap interval), and that ratio as a share of
+    the hindsight oracle's speedup."""
     oracles = oracles or {}
-    out = ["| workload | cell | median effective tok/s | vs off (median) | share of oracle | off band |",
-           "|---|---|---|---|---|---|"]
+    out = ["| workload | cell | median effective tok/s | vs off (median) | paired vs off | 95% CI (rounds) | "
+           "share of oracle | off band |",
+           "|---|---|---|---|---|---|---|---|"]
     for w in dict.fromkeys(r.workload for r in runs):
         mine = [r for r in runs if r.workload == w]
-        off = [r.counters.effective_tps for r in mine if r.cell.name == "off"]
+        off = [r.counters.effective_tps for r in mine if r.cell.name == OFF]
         base = statistics.median(off) if off else 0.0
         band = f"{min(off):.2f}-{max(off):.2f}" if off else "-"
         orc = oracles.get(w)
         for label in dict.fromkeys(r.cell.label for r in mine):
             eff = statistics.median(r.counters.effective_tps for r in mine if r.cell.label == label)
             ratio = f"{eff / base:.2f}x" if base else "-"
-            share = f"{100 * eff / base / orc:.0f}%" if base and orc else "-"
-            out.append(f"| {w} | {label} | {eff:.2f} | {ratio} | {share} | {band} |")
+            pairs = [x for x in paired_ratios(runs, w, label) if x > 0]
+            paired = geomean(pairs) if pairs else None
+            if paired is None:
+                cell_paired = ci = "-"
+            else:
+                lo, hi = bootstrap_ci(pairs)
+                cell_paired = f"{paired:.3f}x"
+                ci = f"{lo:.3f}-{hi:.3f} (n={len(pairs)})"
+            share = f"{100 * paired / orc:.0f}%" if paired is not None and orc else "-"
+            out.append(f"| {w} | {label} | {eff:.2f} | {ratio} | {cell_paired} | {ci} | {share} | {band} |")
         if orc:
-            out.append(f"| {w} | oracle (hindsight, simulated on the plain output) | - | {orc:.2f}x | 100% | "
-                       f"{band} |")
+            out.append(f"| {w} | oracle (hindsight, simulated on the plain output) | - | {orc:.2f}x | - | "
+                       f"- | 100% | {band} |")
     return "\n".join(out)
+
+
+# Columns of a run's CSV row, fixed before the first run so each row can be written when its run ends.
+EXTRA_KEYS = ("calibration", "auto_steps", "plain_probes", "asked")
+CSV_KEYS = ("workload", "cell", "round", "identical", "wall_s", *EXTRA_KEYS, *Counters().as_dict())
+
+
+def csv_row(r: CellRun) -> dict[str, Any]:
+    unknown = set(r.extra) - set(EXTRA_KEYS)
+    if unknown:  # a column nobody declared would be lost from a streamed file: refuse it here
+        raise ValueError(f"run extras {sorted(unknown)} are not CSV columns (bench.EXTRA_KEYS)")
+    return {"workload": r.workload, "cell": r.cell.label, "round": r.repeat, "identical": r.identical,
+            "wall_s": round(r.wall_s, 4), **r.extra, **r.counters.as_dict()}
+
+
+class CsvRows:
+    """A CSV of runs written as they finish: the header at once, then each row flushed, so a bench
+    that is interrupted (or killed) keeps every run it finished."""
+
+    def __init__(self, fh: IO[str]) -> None:
+        self.fh = fh
+        self.writer = csv.DictWriter(fh, fieldnames=list(CSV_KEYS))
+        self.writer.writeheader()
+        fh.flush()
+
+    def __call__(self, run: CellRun) -> None:
+        self.writer.writerow(csv_row(run))
+        self.fh.flush()
 
 
 def csv_text(runs: Sequence[CellRun]) -> str:
     buf = io.StringIO()
-    rows = []
+    rows = CsvRows(buf)
     for r in runs:
-        rows.append({"workload": r.workload, "cell": r.cell.label, "round": r.repeat,
-                     "identical": r.identical, "wall_s": round(r.wall_s, 4), **r.extra,
-                     **r.counters.as_dict()})
-    keys = list(dict.fromkeys(k for row in rows for k in row))
-    w = csv.DictWriter(buf, fieldnames=keys)
-    w.writeheader()
-    w.writerows(rows)
+        rows(r)
     return buf.getvalue()
 
 
