@@ -66,12 +66,19 @@ PROBE_EVERY = 8  # ... is asked only every PROBE_EVERY steps, until it wins agai
 _DECAY = 0.5 ** (1.0 / HALF_LIFE)
 
 
-def match_bucket(match_len: int) -> int:
+def _bucket_of(match_len: int) -> int:
     b = 0
     for i, lo in enumerate(MATCH_BUCKETS):
         if match_len >= lo:
             b = i
     return b
+
+
+_BUCKETS = [_bucket_of(n) for n in range(MATCH_BUCKETS[-1] + 1)]  # asked on every step: a table
+
+
+def match_bucket(match_len: int) -> int:
+    return _BUCKETS[match_len] if 0 <= match_len < len(_BUCKETS) else _bucket_of(match_len)
 
 
 @dataclass
@@ -189,6 +196,7 @@ class StepTimes:
         self.overhead = 0.0  # seconds a step spends drafting (asking, telling, this controller)
         self.steps = 0
         self._verify = list(self.rel)  # expected seconds per width
+        self._dirty = False
 
     @property
     def measured(self) -> bool:
@@ -196,11 +204,13 @@ class StepTimes:
 
     def verify(self, width: int) -> float:
         """Expected seconds of a verify feeding ``width`` tokens (curve units before any step)."""
+        if self._dirty:
+            self._rebuild()
         return self._verify[min(width, len(self.rel)) - 1]
 
     def step(self, width: int) -> float:
         """Expected seconds of a whole step: its verify and the drafting every step pays."""
-        return self._verify[min(width, len(self.rel)) - 1] + self.overhead
+        return self.verify(width) + self.overhead
 
     def observe(self, width: int, verify_s: float, draft_s: float) -> None:
         i = min(width, len(self.rel)) - 1
@@ -210,12 +220,13 @@ class StepTimes:
         else:
             draft_s = min(draft_s, OUTLIER * max(self.overhead, 1e-6))
             self.overhead += TIME_ALPHA * (draft_s - self.overhead)
-            expected = self._verify[i]
+            expected = self.verify(width)
             verify_s = min(verify_s, OUTLIER * expected)
             drift = (verify_s / expected) ** DRIFT_SHARE
-            for v, n in enumerate(self.count):
-                if n and v != i:
-                    self.own[v] *= drift
+            if drift != 1.0:
+                for v, n in enumerate(self.count):
+                    if n and v != i:
+                        self.own[v] *= drift
         n = self.count[i]
         # A plain mean at first, then a moving one; an estimate last measured ``age`` steps ago
         # weighs as if it had decayed all that time, so a rare plain step re-anchors the baseline.
@@ -225,7 +236,7 @@ class StepTimes:
         self.count[i] = n + 1
         self.steps += 1
         self.last[i] = self.steps
-        self._rebuild()
+        self._dirty = True
 
     def _rebuild(self) -> None:
         width = len(self.rel)
@@ -251,6 +262,7 @@ class StepTimes:
         for v in range(1, width):
             est[v] = max(est[v], est[v - 1])
         self._verify = est
+        self._dirty = False
 
 
 @dataclass
@@ -408,20 +420,21 @@ class AutoDrafter:
         """Tokens per second of a plain step (in plain-decode units before any feedback)."""
         return 1.0 / self.times.step(1)
 
-    def choice_ratio(self, source: str, match_len: int, k: int, ratio: float | None = None) -> float:
+    def choice_ratio(self, source: str, match_len: int, k: int, ratio: float | None = None,
+                     bucket: int | None = None) -> float:
         """Realized over predicted accepted drafts on the steps where this kind of choice (source,
         match bucket, length) was taken, shrunk toward its source's ratio: a kind the acceptance
         model overrates is scaled down by its own record, older steps weighing less."""
         if ratio is None:
             ratio = self.source_ratio(source)
-        led = self._arms.get((source, match_bucket(match_len), k))
+        led = self._arms.get((source, match_bucket(match_len) if bucket is None else bucket, k))
         if led is None:
             return ratio
         led.age(self._step)
         return (led.accepted + CALIBRATION_STRENGTH * ratio) / (led.predicted + CALIBRATION_STRENGTH)
 
     def rate(self, source: str, match_len: int, k: int, expected: float | None = None,
-             ratio: float | None = None) -> float:
+             ratio: float | None = None, bucket: int | None = None) -> float:
         """Expected confirmed tokens per second of sending ``k`` drafts of this source and match
         length: the accepted drafts the acceptance model predicts, scaled by what this kind of
         choice realized (:meth:`choice_ratio`), plus the model's own token, over the measured
@@ -429,7 +442,7 @@ class AutoDrafter:
         and seconds per width, so a change of cost (drift) shows in every choice at once."""
         if expected is None:
             expected = self.model.expected(source, match_len, k)[k]
-        rho = self.choice_ratio(source, match_len, k, ratio)
+        rho = self.choice_ratio(source, match_len, k, ratio, bucket)
         return (1.0 + rho * (expected - 1.0)) / self.times.step(k + 1)
 
     def realized(self) -> dict[tuple[str, int, int], tuple[float, float]]:
@@ -476,8 +489,9 @@ class AutoDrafter:
             top = min(len(d.tokens), depth)
             e = self.model.expected(d.source, d.match_len, top)
             ratio = self.source_ratio(d.source)
+            bucket = match_bucket(d.match_len)
             for kk in range(1, top + 1):
-                r = self.rate(d.source, d.match_len, kk, e[kk], ratio)
+                r = self.rate(d.source, d.match_len, kk, e[kk], ratio, bucket)
                 if r > best_rate + 1e-12:
                     best, best_i, best_k, best_rate, best_pred = d, i, kk, r, e[kk] - 1.0
         if best_i >= 0:
