@@ -156,10 +156,10 @@ def test_auto_follows_a_cost_that_drifts_during_the_run():
 
     def cost(w):
         steps.append(w)
-        return 0.001 if w == 1 or len(steps) <= 40 else 0.012
+        return 0.001 if w == 1 or len(steps) <= 60 else 0.012
 
-    widths, _ = _run_auto(cost, n=700)
-    assert sum(w > 1 for w in widths[:40]) >= 32
+    widths, _ = _run_auto(cost, n=1500)
+    assert sum(w > 1 for w in widths[20:60]) >= 32
     tail = widths[-100:]  # after at most one PLAIN_EVERY period, plain decoding has taken over
     assert sum(w > 1 for w in tail) <= 10
 
@@ -203,3 +203,24 @@ def test_auto_is_exact_under_any_measured_cost(prompt, n, costs, seed):
                        [1.0, 1.74, 2.08, 2.46, 3.1, 3.53, 3.91, 4.0, 4.65])
     got = generate(model, prompt, n, source=auto, draft=8, verify_seconds=lambda w: costs[w - 1])
     assert got.tokens == expected
+
+
+def test_a_new_request_keeps_what_acceptance_was_learned_as_a_weak_prior():
+    m = AcceptanceModel(prior_mean=0.5)
+    for _ in range(40):
+        m.observe("lookup", 3, n_drafted=1, n_accepted=1)
+    before = m.p("lookup", 3, 0)
+    m.carry_over(8.0)
+    assert m.p("lookup", 3, 0) == pytest.approx(before, abs=0.06)  # same mean (less prior weight)
+    for _ in range(6):  # the next answer is a different text: its drafts fail
+        m.observe("lookup", 3, n_drafted=1, n_accepted=0)
+    assert m.p("lookup", 3, 0) < 0.6  # six failures outweigh forty old hits
+
+
+def test_choices_are_judged_on_conservative_acceptance():
+    m = AcceptanceModel(prior_mean=0.5)
+    for _ in range(3):
+        m.observe("ngram", 9, n_drafted=2, n_accepted=2)
+    e = m.expected("ngram", 9, 2)
+    mean = expected_tokens([m.p("ngram", 9, 0), m.p("ngram", 9, 1)])
+    assert e[0] == 1.0 and e[1] < mean[1] and e[2] < mean[2]  # few observations: judged lower

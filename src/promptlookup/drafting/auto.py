@@ -35,6 +35,7 @@ not ours, such as llama-cpp-python's) it decides on the curve and the acceptance
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -64,6 +65,8 @@ PROBE_WAIT = 16  # ... or once it has been due this many steps
 IDLE_AFTER = 32  # a source that won none of the last IDLE_AFTER steps it was asked in...
 PROBE_EVERY = 8  # ... is asked only every PROBE_EVERY steps, until it wins again
 _DECAY = 0.5 ** (1.0 / HALF_LIFE)
+CONSERVATIVE_Z = 1.0  # choices are judged on acceptances this many standard deviations low
+CARRY_TRIALS = 8.0  # what one request's acceptance record is worth in the next request
 
 
 def _bucket_of(match_len: int) -> int:
@@ -116,6 +119,14 @@ class AcceptanceModel:
         cell = self._cells.get((source, bucket, min(position, MAX_POSITIONS - 1)), _Beta())
         return (cell.hits + base * self.pool_strength) / (cell.trials + self.pool_strength)
 
+    def _p_low(self, source: str, bucket: int, position: int, base: float) -> float:
+        """:meth:`_p` less :data:`CONSERVATIVE_Z` standard deviations of its estimate: what a
+        choice among many is judged on (see :meth:`expected`)."""
+        cell = self._cells.get((source, bucket, min(position, MAX_POSITIONS - 1)), _Beta())
+        n = cell.trials + self.pool_strength
+        mean = (cell.hits + base * self.pool_strength) / n
+        return max(0.0, mean - CONSERVATIVE_Z * math.sqrt(mean * (1.0 - mean) / (n + 1.0)))
+
     def p(self, source: str, match_len: int, position: int) -> float:
         """Conditional acceptance of the token at ``position`` (0-based) of a draft."""
         bucket = match_bucket(match_len)
@@ -128,9 +139,20 @@ class AcceptanceModel:
         e = self._expected.get((source, bucket))
         if e is None or len(e) <= depth:
             base = self._pooled(source, bucket)
-            e = expected_tokens([self._p(source, bucket, i, base) for i in range(depth)])
+            e = expected_tokens([self._p_low(source, bucket, i, base) for i in range(depth)])
             self._expected[(source, bucket)] = e
         return e
+
+    def carry_over(self, max_trials: float) -> None:
+        """A new request is a new text: keep every estimate's mean, but worth at most
+        ``max_trials`` observations, so this request's own outcomes take over within a few drafts
+        (a source that drafted well on the last answer can fail on every draft of this one)."""
+        for beta in (*self._cells.values(), *self._pools.values()):
+            if beta.trials > max_trials:
+                f = max_trials / beta.trials
+                beta.hits *= f
+                beta.trials = max_trials
+        self._expected.clear()
 
     def observe(self, source: str, match_len: int, n_drafted: int, n_accepted: int) -> None:
         """Record a resolved draft: positions 0..n_accepted were tried, the first n_accepted held."""
@@ -293,6 +315,13 @@ class _Ledger:
         self.accepted += accepted
         self.predicted += predicted
 
+    def carry_over(self, max_predicted: float) -> None:
+        if self.predicted > max_predicted:
+            f = max_predicted / self.predicted
+            self.accepted *= f
+            self.predicted = max_predicted
+            self.n *= f
+
     def timed(self, now: int, tokens: int, seconds: float) -> None:
         self.age(now)
         self.tokens += tokens
@@ -359,7 +388,12 @@ class AutoDrafter:
         self._chosen: dict[int, tuple[tuple[str, int, int], float]] = {}
 
     def reset(self, prompt: Sequence[int]) -> None:
-        """A new request: the sources restart; what was learned about acceptance and time stays."""
+        """A new request: the sources restart; what was learned about time stays, and what was
+        learned about acceptance carries over as a prior worth :data:`CARRY_TRIALS` observations."""
+        if self._stream:
+            self.model.carry_over(CARRY_TRIALS)
+            for led in (*self._arms.values(), *self._by_source.values()):
+                led.carry_over(CARRY_TRIALS)
         for s in self.sources:
             s.reset(prompt)
         self._stream = []
