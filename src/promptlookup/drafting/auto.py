@@ -55,7 +55,7 @@ AUTO_MAX_MATCH = 64
 # How the controller follows measured time (steps are verify steps of the loop).
 TIME_ALPHA = 0.1  # weight of one step in the moving time estimates: follows drift over ~10 steps
 DRIFT_SHARE = 0.5 * TIME_ALPHA  # how far one width's surprise moves the other widths' estimates
-OUTLIER = 3.0  # a step slower than 3x its expected time (another process ran) counts as 3x
+OUTLIER = 1.5  # a step slower than 1.5x its width's estimate (another process ran) counts as 1.5x
 HALF_LIFE = 128.0  # steps after which a realized outcome weighs half: choices are re-judged as things drift
 CALIBRATION_STRENGTH = 4.0  # predicted accepted tokens at the prior ratio in a realized/predicted ratio
 PLAIN_EVERY = 64  # a plain step is due after this many steps without one (keeps the baseline measured)
@@ -204,10 +204,12 @@ class StepTimes:
     Drift (context length, other load, heat) shows first in the widths in use: every measurement's
     surprise (measured over expected) also moves the other measured widths, by :data:`DRIFT_SHARE`
     of the weight it has on its own width, so the plain decode's estimate follows while a run drafts
-    on every step, and plain steps taken now and then re-anchor it. One slow step (another process
-    took the core) is clipped at :data:`OUTLIER` times its expected time so it cannot swing the
-    estimates. A measurement of a width not measured for a while weighs as much as the steps it
-    missed would have, so a rare plain step re-anchors the baseline at once.
+    on every step, and plain steps taken now and then re-anchor it. A slow step (another process
+    took the core) is clipped at :data:`OUTLIER` times its width's estimate (a width's first
+    measurement is taken as it is), so the estimates follow the typical step, not the spikes of a
+    shared machine's load, while a real change of cost still moves them within a few steps. A
+    measurement of a width not measured for a while weighs as much as the steps it missed would
+    have, so a rare plain step re-anchors the baseline at once.
     """
 
     def __init__(self, rel_cost: Sequence[float]) -> None:
@@ -240,10 +242,11 @@ class StepTimes:
         if self.steps == 0:
             self.overhead = draft_s
         else:
-            draft_s = min(draft_s, OUTLIER * max(self.overhead, 1e-6))
+            draft_s = min(draft_s, 2 * OUTLIER * max(self.overhead, 1e-6))
             self.overhead += TIME_ALPHA * (draft_s - self.overhead)
             expected = self.verify(width)
-            verify_s = min(verify_s, OUTLIER * expected)
+            if self.count[i]:  # a width's first measurement is taken as it is: the curve may be far off
+                verify_s = min(verify_s, OUTLIER * expected)
             drift = (verify_s / expected) ** DRIFT_SHARE
             if drift != 1.0:
                 for v, n in enumerate(self.count):
