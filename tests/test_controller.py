@@ -224,3 +224,22 @@ def test_choices_are_judged_on_conservative_acceptance():
     e = m.expected("ngram", 9, 2)
     mean = expected_tokens([m.p("ngram", 9, 0), m.p("ngram", 9, 1)])
     assert e[0] == 1.0 and e[1] < mean[1] and e[2] < mean[2]  # few observations: judged lower
+
+
+def test_step_times_ignore_a_spike_but_follow_a_new_level():
+    from promptlookup.drafting.auto import StepTimes
+
+    t = StepTimes([1.0, 2.0, 3.0])
+    for _ in range(20):
+        t.observe(1, 0.010, 0.0)
+    t.observe(1, 0.100, 0.0)  # another process took the core once: clipped at 1.5x
+    assert t.verify(1) < 0.0106
+    for _ in range(3):
+        t.observe(1, 0.010, 0.0)
+    for _ in range(4):  # the cost doubled and stays there: after two clipped steps, halfway
+        t.observe(1, 0.020, 0.0)
+    assert 0.015 < t.verify(1) <= 0.020
+    for _ in range(12):
+        t.observe(1, 0.020, 0.0)
+    assert 0.018 < t.verify(1) <= 0.020
+    assert t.verify(3) == pytest.approx(3 * t.verify(1))  # unmeasured widths follow by the curve

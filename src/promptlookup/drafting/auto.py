@@ -55,7 +55,8 @@ AUTO_MAX_MATCH = 64
 # How the controller follows measured time (steps are verify steps of the loop).
 TIME_ALPHA = 0.1  # weight of one step in the moving time estimates: follows drift over ~10 steps
 DRIFT_SHARE = 0.5 * TIME_ALPHA  # how far one width's surprise moves the other widths' estimates
-OUTLIER = 1.5  # a step slower than 1.5x its width's estimate (another process ran) counts as 1.5x
+OUTLIER = 1.5  # a step slower than 1.5x its width's estimate (another process ran) counts as 1.5x...
+OUTLIER_RUN = 2  # ... unless it is the third such step in a row: then the cost has changed
 HALF_LIFE = 128.0  # steps after which a realized outcome weighs half: choices are re-judged as things drift
 CALIBRATION_STRENGTH = 4.0  # predicted accepted tokens at the prior ratio in a realized/predicted ratio
 PLAIN_EVERY = 64  # a plain step is due after this many steps without one (keeps the baseline measured)
@@ -207,7 +208,8 @@ class StepTimes:
     on every step, and plain steps taken now and then re-anchor it. A slow step (another process
     took the core) is clipped at :data:`OUTLIER` times its width's estimate (a width's first
     measurement is taken as it is), so the estimates follow the typical step, not the spikes of a
-    shared machine's load, while a real change of cost still moves them within a few steps. A
+    shared machine's load; from the third slow step in a row on, the slow time is taken as it is,
+    and weighs half, since a cost that stays high is a new level. A
     measurement of a width not measured for a while weighs as much as the steps it missed would
     have, so a rare plain step re-anchors the baseline at once.
     """
@@ -217,6 +219,7 @@ class StepTimes:
         self.own = [0.0] * len(self.rel)  # measured seconds per width (index width - 1)
         self.count = [0] * len(self.rel)
         self.last = [0] * len(self.rel)  # the step each width was last measured at
+        self.slow = [0] * len(self.rel)  # slow steps in a row per width (clipped as spikes)
         self.overhead = 0.0  # seconds a step spends drafting (asking, telling, this controller)
         self.steps = 0
         self._verify = list(self.rel)  # expected seconds per width
@@ -245,8 +248,14 @@ class StepTimes:
             draft_s = min(draft_s, 2 * OUTLIER * max(self.overhead, 1e-6))
             self.overhead += TIME_ALPHA * (draft_s - self.overhead)
             expected = self.verify(width)
-            if self.count[i]:  # a width's first measurement is taken as it is: the curve may be far off
-                verify_s = min(verify_s, OUTLIER * expected)
+            # A width's first measurement is taken as it is (the curve may be far off), and so is a
+            # slow step after OUTLIER_RUN slow ones in a row: that is a new level, not a spike.
+            if self.count[i] and verify_s > OUTLIER * expected:
+                self.slow[i] += 1
+                if self.slow[i] <= OUTLIER_RUN:
+                    verify_s = OUTLIER * expected
+            else:
+                self.slow[i] = 0
             drift = (verify_s / expected) ** DRIFT_SHARE
             if drift != 1.0:
                 for v, n in enumerate(self.count):
@@ -255,8 +264,10 @@ class StepTimes:
         n = self.count[i]
         # A plain mean at first, then a moving one; an estimate last measured ``age`` steps ago
         # weighs as if it had decayed all that time, so a rare plain step re-anchors the baseline.
-        age = self.steps - self.last[i]
+        age = self.steps + 1 - self.last[i]  # steps since this width was last measured, this one included
         weight = max(1.0 / (n + 1), 1.0 - (1.0 - TIME_ALPHA) ** age)
+        if self.slow[i] > OUTLIER_RUN:  # a new level: move halfway at each step until it is reached
+            weight = max(weight, 0.5)
         self.own[i] += weight * (verify_s - self.own[i])
         self.count[i] = n + 1
         self.steps += 1
