@@ -100,8 +100,9 @@ def test_stats_refuses_a_cache_of_another_tokenizer(tok, tmp_path, capsys):
 def test_generate_lookup_is_exact_and_saves_the_dynamic_cache(tmp_path, capsys, real_backend):
     prompt = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef"
     dyn = tmp_path / "dyn.lcp"
-    assert main(["generate", "-p", prompt, "-n", "24", "--json"]) == 0
+    assert main(["generate", "-p", prompt, "-n", "24", "--json", "--speculate", "off"]) == 0
     plain = json.loads(capsys.readouterr().out)
+    assert plain["counters"]["source"] == "off" and plain["counters"]["drafted_tokens"] == 0
     assert main(["generate", "-p", prompt, "-n", "24", "--json", "--lookup",
                  "--lookup-cache-dynamic", str(dyn)]) == 0
     looked = json.loads(capsys.readouterr().out)
