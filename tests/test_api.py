@@ -243,6 +243,9 @@ def test_prompt_errors_name_the_numbers():
         e.generate([])
     with pytest.raises(RequestError, match=r"integers in 0\.\.260"):
         e.generate([1, 999])
+    import numpy as np
+
+    assert e.generate(np.array([97, 98], dtype=np.int64), max_tokens=2).prompt_tokens == 2
 
 
 def test_an_abandoned_stream_frees_the_engine():

@@ -148,23 +148,22 @@ def test_stats_cost_curve_simulation(capsys, tmp_path):
 
 def test_cost_curve_needs_auto(capsys):
     code, _, err = run_main(capsys, "generate", "-p", "hi", "--ngram", "--cost-curve", "x.json")
-    assert code == 2 and "--cost-curve only applies with auto (the default, or --speculate auto)" in err
-    code, _, err = run_main(capsys, "generate", "-p", "hi", "--speculate", "off", "--cost-curve", "x.json")
-    assert code == 2 and "--cost-curve only applies with auto" in err
+    assert code == 2 and "--cost-curve only applies with --speculate auto" in err
+    code, _, err = run_main(capsys, "generate", "-p", "hi", "--cost-curve", "x.json")
+    assert code == 2 and "--cost-curve only applies with --speculate auto" in err
 
 
-def test_generate_defaults_to_auto_and_off_is_plain():
+def test_generate_defaults_to_plain_and_auto_is_a_flag():
     from promptlookup.cli import _generate_spec, build_parser
 
     def spec(*argv):
         return _generate_spec(build_parser().parse_args(["generate", "-p", "hi", *argv]))
 
-    assert spec().name == "auto"
+    assert spec().name == "off"
     assert spec("--speculate", "auto").name == "auto"
     assert spec("--speculate", "off").name == "off"
     assert spec("--ngram").name == "ngram" and spec("--suffix").name == "suffix"
-    # a file of a source auto weighs goes to auto when no source is named
-    assert spec("--lookup-cache-static", "s.plc").get("static") == "s.plc"
+    assert spec("--speculate", "auto", "--lookup-cache-static", "s.plc").get("static") == "s.plc"
 
 
 @requires_model

@@ -21,6 +21,7 @@ under sampling each position's random number depends only on (seed, position).
 
 from __future__ import annotations
 
+import numbers
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -280,7 +281,7 @@ class Engine:
         ids = []
         n_vocab = int(self.backend.n_vocab)
         for t in prompt:
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < n_vocab:
+            if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t < n_vocab:
                 raise RequestError(f"token ids must be integers in 0..{n_vocab - 1}, got {t!r}", "prompt")
             ids.append(int(t))
         return ids
