@@ -41,6 +41,24 @@ def test_draft_model_extends_on_append_and_resets_on_a_new_request():
     assert dm(_ids()).tolist() == []
 
 
+def test_draft_model_reports_each_steps_time_as_feedback():
+    import time
+
+    dm = PromptLookupDraftModel("ngram:min=2", num_pred_tokens=3, n_vocab=100)
+    seen = []
+    dm.drafter.feedback = seen.append  # what the source would be told
+    first = _ids(1, 2, 3, 4, 5, 6, 1, 2)
+    dm(first)  # a new request: nothing to report yet
+    time.sleep(0.02)  # "llama-cpp-python verifies the draft"
+    dm(_ids(*first, 3, 4, 9))
+    assert len(seen) == 1
+    step = seen[0]
+    assert (step.fed, step.confirmed) == (4, 3)  # 1 + the 3 drafted; 2 kept + the model's own
+    assert 0.02 <= step.verify_s < 1.0 and 0.0 <= step.draft_s < 0.5
+    dm(_ids(7, 8, 7))  # a new request reports nothing
+    assert len(seen) == 1
+
+
 def test_draft_model_suffix_history_carries_across_requests():
     dm = PromptLookupDraftModel("suffix", num_pred_tokens=4, n_vocab=100)
     dm(_ids(10, 11, 12, 13, 14, 15))

@@ -9,7 +9,9 @@ is ``extend`` of the new tokens, which costs microseconds; anything else is a ne
 ``reset`` on the new history, which first commits the previous request to the source's in-memory
 history (the suffix source's ``commit``). Nothing is written to disk unless :meth:`save` is
 called. How many drafted tokens the model accepted is read off the next history (the drafted
-tokens it kept), so :meth:`stats` counts acceptance although llama-cpp-python reports none.
+tokens it kept), so :meth:`stats` counts acceptance although llama-cpp-python reports none, and
+the time between two calls of one request is that step's verify: it is the step's feedback
+(``DraftSource.feedback``), so ``auto`` learns the measured cost of each width here too.
 
 The tokenizer. The draft model is built before the ``Llama``, and never sees it, so files that are
 checked against the model's tokenizer (``history=FILE``, ``corpus=FILE``) need ``model_path=`` (the
@@ -24,10 +26,12 @@ cannot load this class by import path; run the server from Python with a ``Llama
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import numpy as np
 
+from promptlookup.drafting.base import StepFeedback
 from promptlookup.drafting.spec import SourceSpec
 from promptlookup.errors import UsageError
 from promptlookup.integrations import Drafter, build_spec, draft_length
@@ -95,9 +99,12 @@ class PromptLookupDraftModel(_Base):  # type: ignore[misc,valid-type]
         self._seen = np.zeros(4096, dtype=np.intc)  # the last history, to tell an append from a new request
         self._n = 0
         self._last_draft: tuple[int, ...] = ()
+        self._left_at = 0.0  # when the previous call returned (perf_counter)
+        self._call_s = 0.0  # how long the previous call took
 
     def __call__(self, input_ids: Any, /, **kwargs: Any) -> np.ndarray:
         """The draft for the history ``input_ids`` (an empty array: no draft)."""
+        entered = time.perf_counter()
         ids = np.asarray(input_ids)
         if ids.ndim != 1:
             raise UsageError(f"a draft model takes one token history (1-D), got shape {ids.shape}")
@@ -113,6 +120,10 @@ class PromptLookupDraftModel(_Base):  # type: ignore[misc,valid-type]
                 d.accepted_tokens += len(got) if same.all() else int(np.argmin(same))
             if n > m:
                 d.extend(ids[m:n].tolist())
+                # Llama reports no times, but the gap since the last call is its verify of that
+                # draft (and its sampling): auto learns what a width costs here from it.
+                d.feedback(StepFeedback(fed=1 + len(self._last_draft), confirmed=n - m,
+                                        verify_s=entered - self._left_at, draft_s=self._call_s))
         else:
             d.reset(ids.tolist())
         if n > len(self._seen):
@@ -126,7 +137,10 @@ class PromptLookupDraftModel(_Base):  # type: ignore[misc,valid-type]
         self._n = n
         draft = d.propose(self.num_pred_tokens).tokens[: self.num_pred_tokens]
         self._last_draft = draft
-        return np.asarray(draft, dtype=np.intc)
+        out = np.asarray(draft, dtype=np.intc)
+        self._left_at = time.perf_counter()
+        self._call_s = self._left_at - entered
+        return out
 
     def commit(self) -> None:
         """Add the current request to the source's in-memory history now (a new request does too)."""
