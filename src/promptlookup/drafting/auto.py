@@ -29,8 +29,9 @@ baseline stays measured, and a source that has not won for a while is asked only
 :data:`PROBE_EVERY` steps, since asking costs time too.
 
 It is itself a :class:`~promptlookup.drafting.base.DraftSource` (named ``auto``) wrapping the real
-sources, so the speculative loop needs no special case for it. Without feedback (a loop that is
-not ours, such as llama-cpp-python's) it decides on the curve and the acceptance model alone.
+sources, so the speculative loop needs no special case for it. Without feedback (a loop that
+reports no times) it decides on the curve and the acceptance model alone; the llama-cpp-python
+drop-in reports the time between two calls of its draft model instead.
 """
 
 from __future__ import annotations
