@@ -243,3 +243,49 @@ def test_step_times_ignore_a_spike_but_follow_a_new_level():
         t.observe(1, 0.020, 0.0)
     assert 0.018 < t.verify(1) <= 0.020
     assert t.verify(3) == pytest.approx(3 * t.verify(1))  # unmeasured widths follow by the curve
+
+
+class Recording(Scripted):
+    """A source that proposes nothing and records every extend call and what it had seen when asked."""
+
+    name = "recording"
+
+    def __init__(self):
+        super().__init__([])
+        self.calls: list[list[int]] = []
+        self.seen: list[int] = []
+        self.at_propose: list[int] = []
+        self.at_reset: list[list[int]] = []
+
+    def reset(self, prompt):
+        self.at_reset.append(list(self.seen))
+        self.seen = list(prompt)
+
+    def extend(self, tokens):
+        self.calls.append(list(tokens))
+        self.seen.extend(tokens)
+
+    def commit(self):
+        pass
+
+    def propose(self, k):
+        self.at_propose.append(len(self.seen))
+        return super().propose(k)
+
+
+def test_sources_are_told_the_tokens_when_asked_and_before_a_new_request():
+    rec = Recording()
+    auto = AutoDrafter([rec], [1.0, 1.5], max_draft=1)
+    auto.reset([7, 8])
+    for t in range(5):
+        auto.propose(1)  # nothing drafted: the loop then confirms one token, told at the next ask
+        auto.extend([t])
+        auto.extend([10 + t])  # (two calls, as a drafted step's pending token and its confirmed ones)
+    # Every proposal saw every token confirmed before it; a step's tokens arrive in one call.
+    assert rec.at_propose == [2, 4, 6, 8, 10]
+    assert rec.calls == [[0, 10], [1, 11], [2, 12], [3, 13]]
+    auto.reset([9])  # the last step's tokens reach the source before it starts the next request
+    assert rec.at_reset[-1] == [7, 8, 0, 10, 1, 11, 2, 12, 3, 13, 4, 14]
+    auto.extend([5])
+    auto.commit()  # and before it commits
+    assert rec.seen == [9, 5]
