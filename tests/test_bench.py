@@ -55,6 +55,12 @@ def test_summary_band_and_oracle_share(tmp_path):
     assert "| w | ngram | 200.00 | 2.22x | 2.236x | 2.000-2.500 (n=2) | 56% | 80.00-100.00 |" in text
     assert "| w | off | 90.00 | 1.00x | 1.000x | 1.000-1.000 (n=2) | 25% | 80.00-100.00 |" in text
     assert "| w | oracle (hindsight, simulated on the plain output) | - | 4.00x | - | - | 100% |" in text
+    with_replays = summary(runs, {"w": 4.0}, {("w", "ngram"): 3.0})
+    assert ("| w | ngram | 200.00 | 2.22x | 2.236x | 2.000-2.500 (n=2) | 56% | 80.00-100.00 | 3.000x (75%) |"
+            in with_replays)
+    assert "| w | off | 90.00 | 1.00x | 1.000x | 1.000-1.000 (n=2) | 25% | 80.00-100.00 | - |" in with_replays
+    assert "| 100% | 80.00-100.00 | 4.000x (100%) |" in with_replays
+    assert with_replays.splitlines()[1] == "|" + "---|" * 9
     assert table(runs).count("\n") == 5
     rows = list(csv.DictReader(io.StringIO(csv_text(runs))))
     assert [r["cell"] for r in rows] == ["off", "ngram", "ngram", "off"]
@@ -69,11 +75,16 @@ def test_short_real_bench(real_backend):
     from promptlookup.measure.bench import run_bench
 
     prompt = real_backend.tokenize("one two three four one two three four one two three")
+    replays: dict = {}
     runs, oracles = run_bench(real_backend, {"loop": [prompt]},
-                              [parse_cell("off"), parse_cell("ngram"), parse_cell("auto")], 2, 12)
+                              [parse_cell("off"), parse_cell("ngram"), parse_cell("auto")], 2, 12, replays=replays)
     assert [r.cell.name for r in runs] == ["off", "ngram", "auto", "auto", "ngram", "off"]
     assert runs[-1].identical  # plain decoding is deterministic
     assert oracles["loop"] >= 1.0
+    # both sources replayed on the plain text; the loop repeats, so the n-gram source drafts and wins
+    assert sorted(replays) == [("loop", "auto"), ("loop", "ngram")]
+    assert replays[("loop", "ngram")] > 1.0
+    assert all(x <= oracles["loop"] + 1e-9 for x in replays.values())  # nothing beats hindsight
 
 
 def test_split_requests():

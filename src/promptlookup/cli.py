@@ -638,6 +638,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     bench.check_cells(cells, backend)
     params, seed = sampler.params, sampler.seed
     done: list = []  # every finished run, also when the bench is interrupted
+    replays: dict = {}  # (workload, cell) -> same-text replay speedup, filled as workloads finish
     with contextlib.ExitStack() as stack:
         rows = None
         if args.csv:  # each run's row is written (and flushed) when the run ends
@@ -651,12 +652,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         try:
             runs, oracles = bench.run_bench(backend, workloads, cells, args.repeat, args.n_predict,
                                             progress=bench.stderr_progress,
-                                            make_sampler=lambda: Sampler(params, seed), on_run=finished)
+                                            make_sampler=lambda: Sampler(params, seed), on_run=finished,
+                                            replays=replays)
         except KeyboardInterrupt:
             if done:  # what was measured before the interrupt is still a table
                 print(bench.table(done) + "\n\n" + bench.summary(done) + "\n")
             raise
-    md = bench.table(runs) + "\n\n" + bench.summary(runs, oracles) + "\n"
+    md = bench.table(runs) + "\n\n" + bench.summary(runs, oracles, replays) + "\n"
     if not sampler.argmax_only:
         md = f"{_sampling_line(sampler)}; every run uses this seed\n\n{md}"
     print(md)

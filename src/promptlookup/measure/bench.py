@@ -17,6 +17,12 @@ minutes apart, under the same load and heat), summarized as the geometric mean o
 seeded bootstrap confidence interval over rounds (:func:`bootstrap_ci`). A ratio whose interval
 includes 1.0 is not a measured difference. Every run's row can be written as soon as the run
 finishes (:class:`CsvRows`), so an interrupted bench keeps what it measured.
+
+On llama.cpp a batched verify can round differently from one-token decodes, so a speculated cell's
+text may part from the plain text after some tokens (the "identical" column), and two cells then
+time two different texts: one text can be easier to copy than another. The summary therefore also
+gives each cell's **same-text replay** (:func:`replayed_speedups`): its speedup simulated on the
+plain output with the backend's cost curve, the comparison of sources that no text luck moves.
 """
 
 from __future__ import annotations
@@ -142,13 +148,40 @@ def oracle_speedup(backend, requests: Sequence[Sequence[int]], outputs: Sequence
     return oracle(requests[-1], outputs[-1], sources, MAX_DRAFT, cached_cost_curve(backend)).speedup
 
 
+def replayed_speedups(backend, requests: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
+                      cells: Sequence[Cell]) -> dict[str, float]:
+    """Each speculated cell's speedup on the last request, simulated on the plain ``outputs`` with
+    the backend's cost curve (:mod:`promptlookup.measure.simulate`): every source drafts the same
+    text, so the figures compare sources where a real run's texts may differ. A fresh source per
+    cell, run over the earlier requests first as in the real run (committed between requests)."""
+    from promptlookup.measure.costs import cached_cost_curve
+    from promptlookup.measure.simulate import simulate
+
+    curve = cached_cost_curve(backend)
+    out: dict[str, float] = {}
+    for cell in cells:
+        if cell.name == OFF or cell.name in PEERS or cell.label in out:
+            continue
+        source, draft = make_source(cell, backend)
+        for i, (prompt, text) in enumerate(zip(requests, outputs, strict=True)):
+            result = simulate(prompt, text, source, draft, curve)
+            if i < len(requests) - 1 and source is not None:
+                source.commit()
+        out[cell.label] = result.speedup
+    return out
+
+
 def run_bench(backend, workloads: dict[str, list[list[int]]], cells: Sequence[Cell], repeat: int,
               n_predict: int, progress: Callable[[str], None] | None = None,
               make_sampler: Callable[[], Any] | None = None,
-              on_run: Callable[[CellRun], None] | None = None) -> tuple[list[CellRun], dict[str, float]]:
+              on_run: Callable[[CellRun], None] | None = None,
+              replays: dict[tuple[str, str], float] | None = None) -> tuple[list[CellRun], dict[str, float]]:
     """Run every (workload, cell) ``repeat`` times, alternating cells within each round; also return
     each workload's oracle speedup on its first plain output. ``on_run`` is called with each run as
-    soon as it finishes (the CSV writes its row there).
+    soon as it finishes (the CSV writes its row there). ``replays``, when given, is filled with each
+    (workload, cell label)'s same-text replay (:func:`replayed_speedups`; under sampling too: a
+    position's random number depends only on the seed and the position, so a draft is accepted
+    exactly where it equals the plain sampled text).
 
     ``make_sampler`` gives each request a fresh sampler (same settings and seed for every cell, so a
     speculated cell's "identical" compares it with plain sampling at that seed); None is greedy.
@@ -202,6 +235,9 @@ def run_bench(backend, workloads: dict[str, list[list[int]]], cells: Sequence[Ce
                     on_run(runs[-1])
         if reference is not None:
             oracles[wname] = oracle_speedup(backend, requests, reference)
+            if replays is not None:
+                for label, x in replayed_speedups(backend, requests, reference, cells).items():
+                    replays[(wname, label)] = x
     return runs, oracles
 
 
@@ -299,14 +335,18 @@ def bootstrap_ci_reference(ratios: Sequence[float], level: float = 0.95, resampl
     return quantile((1 - level) / 2), quantile((1 + level) / 2)
 
 
-def summary(runs: Sequence[CellRun], oracles: dict[str, float] | None = None) -> str:
+def summary(runs: Sequence[CellRun], oracles: dict[str, float] | None = None,
+            replays: dict[tuple[str, str], float] | None = None) -> str:
     """Per workload: the off noise band, each cell's median effective rate, its paired ratio to
     off (geometric mean over rounds, with its 95% bootstrap interval), and that ratio as a share of
-    the hindsight oracle's speedup."""
+    the hindsight oracle's speedup; with ``replays``, also each cell's same-text replay and its
+    share of the oracle (both simulated on the plain output, so that share is like for like)."""
     oracles = oracles or {}
-    out = ["| workload | cell | median effective tok/s | vs off (median) | paired vs off | 95% CI (rounds) | "
-           "share of oracle | off band |",
-           "|---|---|---|---|---|---|---|---|"]
+    head = ("| workload | cell | median effective tok/s | vs off (median) | paired vs off | 95% CI (rounds) | "
+            "share of oracle | off band |")
+    if replays:
+        head += " same-text replay (share of oracle) |"
+    out = [head, "|" + "---|" * head.count(" |")]
     for w in dict.fromkeys(r.workload for r in runs):
         mine = [r for r in runs if r.workload == w]
         off = [r.counters.effective_tps for r in mine if r.cell.name == OFF]
@@ -325,10 +365,16 @@ def summary(runs: Sequence[CellRun], oracles: dict[str, float] | None = None) ->
                 cell_paired = f"{paired:.3f}x"
                 ci = f"{lo:.3f}-{hi:.3f} (n={len(pairs)})"
             share = f"{100 * paired / orc:.0f}%" if paired is not None and orc else "-"
-            out.append(f"| {w} | {label} | {eff:.2f} | {ratio} | {cell_paired} | {ci} | {share} | {band} |")
+            row = f"| {w} | {label} | {eff:.2f} | {ratio} | {cell_paired} | {ci} | {share} | {band} |"
+            if replays:
+                rep = replays.get((w, label))
+                row += " - |" if rep is None else (f" {rep:.3f}x ({100 * rep / orc:.0f}%) |" if orc
+                                                    else f" {rep:.3f}x |")
+            out.append(row)
         if orc:
-            out.append(f"| {w} | oracle (hindsight, simulated on the plain output) | - | {orc:.2f}x | - | "
-                       f"- | 100% | {band} |")
+            row = (f"| {w} | oracle (hindsight, simulated on the plain output) | - | {orc:.2f}x | - | "
+                   f"- | 100% | {band} |")
+            out.append(row + (f" {orc:.3f}x (100%) |" if replays else ""))
     return "\n".join(out)
 
 
