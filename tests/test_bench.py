@@ -77,7 +77,8 @@ def test_short_real_bench(real_backend):
     prompt = real_backend.tokenize("one two three four one two three four one two three")
     replays: dict = {}
     runs, oracles = run_bench(real_backend, {"loop": [prompt]},
-                              [parse_cell("off"), parse_cell("ngram"), parse_cell("auto")], 2, 12, replays=replays)
+                              [parse_cell("off"), parse_cell("ngram"), parse_cell("auto")], 2, 12,
+                              replays=replays)
     assert [r.cell.name for r in runs] == ["off", "ngram", "auto", "auto", "ngram", "off"]
     assert runs[-1].identical  # plain decoding is deterministic
     assert oracles["loop"] >= 1.0

@@ -342,8 +342,8 @@ def summary(runs: Sequence[CellRun], oracles: dict[str, float] | None = None,
     the hindsight oracle's speedup; with ``replays``, also each cell's same-text replay and its
     share of the oracle (both simulated on the plain output, so that share is like for like)."""
     oracles = oracles or {}
-    head = ("| workload | cell | median effective tok/s | vs off (median) | paired vs off | 95% CI (rounds) | "
-            "share of oracle | off band |")
+    head = ("| workload | cell | median effective tok/s | vs off (median) | paired vs off | "
+            "95% CI (rounds) | share of oracle | off band |")
     if replays:
         head += " same-text replay (share of oracle) |"
     out = [head, "|" + "---|" * head.count(" |")]
