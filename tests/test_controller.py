@@ -245,6 +245,29 @@ def test_step_times_ignore_a_spike_but_follow_a_new_level():
     assert t.verify(3) == pytest.approx(3 * t.verify(1))  # unmeasured widths follow by the curve
 
 
+def test_step_times_charge_the_slow_plain_steps_after_drafting_to_the_draft():
+    from promptlookup.drafting.auto import StepTimes
+
+    t = StepTimes([1.0, 2.0, 3.0])
+    for _ in range(20):
+        t.observe(1, 0.010, 0.0)
+    assert t.step(2) == pytest.approx(0.020)  # nothing measured yet: the curve
+    t.observe(2, 0.020, 0.0)
+    assert t.step(2) == pytest.approx(0.020)  # the step before was a draft: no new episode to charge
+    t.observe(1, 0.012, 0.0)  # the first two plain steps after it run 2 ms and 1 ms slow
+    t.observe(1, 0.011, 0.0)
+    assert t.after == pytest.approx(0.003)
+    assert t.verify(1) == pytest.approx(0.010)  # ... and stay out of the plain estimate
+    assert t.step(2) == pytest.approx(0.023)  # a draft after a plain step is charged them
+    t.observe(1, 0.010, 0.0)  # a steady plain step again
+    # an episode whose plain steps run at the steady rate halves it (the second episode weighs 1/2)
+    t.observe(2, 0.020, 0.0)
+    t.observe(1, 0.010, 0.0)
+    t.observe(1, 0.010, 0.0)
+    assert t.after == pytest.approx(0.0015)
+    assert t.step(1) == pytest.approx(t.verify(1))  # plain steps are never charged
+
+
 class Recording(Scripted):
     """A source that proposes nothing and records every extend call and what it had seen when asked."""
 

@@ -60,6 +60,7 @@ OUTLIER = 1.5  # a step slower than 1.5x its width's estimate (another process r
 OUTLIER_RUN = 2  # ... unless it is the third such step in a row: then the cost has changed
 HALF_LIFE = 128.0  # steps after which a realized outcome weighs half: choices are re-judged as things drift
 CALIBRATION_STRENGTH = 4.0  # predicted accepted tokens at the prior ratio in a realized/predicted ratio
+AFTERMATH_STEPS = 2  # plain steps after a drafted one that still run slow (see StepTimes)
 PLAIN_EVERY = 64  # a plain step is due after this many steps without one (keeps the baseline measured)
 MIN_PLAIN = 2  # ... and while fewer than this many plain steps were measured in the run
 PROBE_GAIN = 1.5  # a due plain step is taken where the best draft promises less than this gain...
@@ -213,6 +214,14 @@ class StepTimes:
     and weighs half, since a cost that stays high is a new level. A
     measurement of a width not measured for a while weighs as much as the steps it missed would
     have, so a rare plain step re-anchors the baseline at once.
+
+    Drafting also costs after its own step: on llama.cpp the first plain decodes after a wider verify
+    run slow (measured on the bundled model, 2 threads: +1.4 ms and +0.8 ms after a 9-token verify,
+    +0.75 ms after a 2-token one, on a 9 ms decode), a cost that lands on plain steps and so, unseen,
+    makes plain decoding look slower and drafting look cheaper than they are. The excess of the first
+    :data:`AFTERMATH_STEPS` plain steps after drafting over a steady plain step is measured
+    (:attr:`after`, a moving average per drafting episode), those steps are kept out of the plain
+    estimate, and a draft that starts an episode (the step before was plain) is charged it.
     """
 
     def __init__(self, rel_cost: Sequence[float]) -> None:
@@ -222,6 +231,11 @@ class StepTimes:
         self.last = [0] * len(self.rel)  # the step each width was last measured at
         self.slow = [0] * len(self.rel)  # slow steps in a row per width (clipped as spikes)
         self.overhead = 0.0  # seconds a step spends drafting (asking, telling, this controller)
+        self.after = 0.0  # seconds the first plain steps after drafting take beyond steady ones
+        self.episodes = 0  # drafting episodes whose aftermath was measured
+        self.prev = 1  # width of the last step observed
+        self._after_acc: float | None = None  # excess so far of the episode being measured
+        self._after_left = 0  # plain steps of it still to measure
         self.steps = 0
         self._verify = list(self.rel)  # expected seconds per width
         self._dirty = False
@@ -237,12 +251,37 @@ class StepTimes:
         return self._verify[min(width, len(self.rel)) - 1]
 
     def step(self, width: int) -> float:
-        """Expected seconds of a whole step: its verify and the drafting every step pays."""
-        return self.verify(width) + self.overhead
+        """Expected seconds of a whole step: its verify, the drafting every step pays, and for a
+        draft after a plain step, the slower plain steps it will leave behind (:attr:`after`)."""
+        t = self.verify(width) + self.overhead
+        return t + self.after if width > 1 and self.prev == 1 else t
+
+    def _close_episode(self) -> None:
+        acc, self._after_acc, self._after_left = self._after_acc, None, 0
+        if acc is None:
+            return
+        weight = max(1.0 / (self.episodes + 1), TIME_ALPHA)
+        self.after = max(0.0, self.after + weight * (acc - self.after))
+        self.episodes += 1
 
     def observe(self, width: int, verify_s: float, draft_s: float) -> None:
         i = min(width, len(self.rel)) - 1
         verify_s = max(verify_s, 1e-9)
+        prev, self.prev = self.prev, width
+        if width > 1:
+            if self._after_acc is not None:  # drafting again before the aftermath was all seen
+                self._close_episode()
+            if prev == 1:
+                self._after_acc, self._after_left = 0.0, AFTERMATH_STEPS
+        elif self._after_acc is not None and self.count[0]:
+            # One of the first plain steps after drafting: its excess is drafting's, not plain's.
+            steady = self.verify(1)
+            self._after_acc += min(verify_s, OUTLIER * steady) - steady
+            self._after_left -= 1
+            if self._after_left <= 0:
+                self._close_episode()
+            self.steps += 1
+            return
         if self.steps == 0:
             self.overhead = draft_s
         else:
