@@ -13,7 +13,10 @@ the same round: the same prompt through the same forward). Rows alternate order 
 says whether a row's tokens equal the same engine's plain run in that round.
 
     .venv/bin/python benchmarks/dropins.py [-n 256] [--rounds 2] [--workloads copy_edit,prose] \
-        [--sources suffix,ngram]
+        [--sources default,suffix,ngram]
+
+The source ``default`` is the one-line change itself: ``PromptLookupDraftModel()`` with no argument
+(``auto`` on the prior cost curve: no ``model_path=``) and ``generate(model, ids)`` with no ``source``.
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--workloads", default="copy_edit,prose")
-    ap.add_argument("--sources", default="suffix", help="our source specs, comma-separated (default suffix)")
+    ap.add_argument("--sources", default="default",
+                    help="our source specs, comma-separated; 'default' is each drop-in with no arguments")
     ap.add_argument("-t", "--threads", type=int, default=2)
     args = ap.parse_args()
 
@@ -50,9 +54,16 @@ def main() -> None:
     eos = sorted(tb.eog_ids)
     peer = LlamaCppPeer(model, n_ctx=4096, n_threads=args.threads)
     ours = args.sources.split(",")
+
+    def draft_model(src: str) -> PromptLookupDraftModel:
+        return PromptLookupDraftModel() if src == "default" else PromptLookupDraftModel(src, model_path=model)
+
+    def hf_source(src: str) -> dict:
+        return {} if src == "default" else {"source": src}
+
     for src in ours:  # auto's verify cost curve: measured (or read) now, outside the timed runs
-        make_drafter(tb.model, src)
-        PromptLookupDraftModel(src, model_path=model)
+        make_drafter(tb.model, **hf_source(src))
+        draft_model(src)
     rows: dict[tuple[str, str, str], list[tuple[float, bool]]] = {}
 
     def note(wl: str, engine: str, row: str, tps: float, equal: bool) -> None:
@@ -67,7 +78,7 @@ def main() -> None:
             cells = cells if r % 2 == 0 else cells[::-1]
             runs = {}
             for name, pred in cells:
-                dm = PromptLookupDraftModel(name.split()[1], model_path=model) if pred < 0 else None
+                dm = draft_model(name.split()[1]) if pred < 0 else None
                 runs[name] = peer.run(prompt, args.n, max(pred, 0), draft_model=dm, name=name)
             for name, run in runs.items():
                 note(wl, "llama-cpp-python", name, run.tps, run.tokens == runs["plain"].tokens)
@@ -86,7 +97,7 @@ def main() -> None:
                     ids = torch.tensor([prompt])
                     t0 = time.perf_counter()
                     out = hf_generate(tb.model, ids, max_new_tokens=args.n, eos_token_id=eos,
-                                      source=name.split()[1])
+                                      **hf_source(name.split()[1]))
                     wall = time.perf_counter() - t0
                     toks[name] = out[0, len(prompt):].tolist()
                     tps[name] = wall  # converted below, once the plain row's prefill is known

@@ -78,12 +78,20 @@ def test_draft_model_settings_are_checked():
         PromptLookupDraftModel("ngram", history="h.plsh")
     with pytest.raises(UsageError, match="draft length 8 disagrees with 'suffix:draft=4'"):
         PromptLookupDraftModel("suffix:draft=4", num_pred_tokens=8)
-    with pytest.raises(UsageError, match="auto:curve=FILE"):
-        PromptLookupDraftModel("auto")
     with pytest.raises(SpecError, match="unknown draft source 'nope'"):
         PromptLookupDraftModel("nope")
     assert PromptLookupDraftModel("suffix:draft=4", n_vocab=100).num_pred_tokens == 4
     assert PromptLookupDraftModel("suffix", n_vocab=100).num_pred_tokens == 8
+
+
+def test_draft_model_defaults_to_auto_on_a_prior_curve_without_model_path():
+    dm = PromptLookupDraftModel(n_vocab=100)
+    assert dm.drafter.spec.name == "auto" and dm.num_pred_tokens == 8
+    assert dm.drafter.source.rel_cost[:3] == pytest.approx([1.0, 1.35, 1.7])  # the steep prior
+    text = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]
+    history = text + text[:4]  # a copy in progress: the long match is drafted on the prior alone
+    out = dm(_ids(*history))
+    assert out.tolist() == text[4 : 4 + len(out)] and len(out) >= 1
 
 
 def test_draft_model_auto_reads_or_measures_its_cost_curve():

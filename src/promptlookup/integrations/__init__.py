@@ -54,9 +54,22 @@ def draft_length(spec: SourceSpec, asked: int | None, default: int) -> int:
     return asked
 
 
-def no_cost_curve() -> Any:
-    raise UsageError("auto needs a verify cost curve here: write auto:curve=FILE "
-                     "(`promptlookup curve` measures one for a model)")
+DEFAULT_SOURCE = "auto"  # drafts where it pays, by the engine's own measured step times (README)
+# The verify cost curve ``auto`` starts from when none can be measured (llama-cpp-python without
+# model_path=): cost of a verify feeding w tokens, in plain decodes, 1 + 0.35 (w - 1). That is about
+# the bundled model's measured CPU curve (9 tokens: 3.8 decodes at 2 threads), steeper than any GPU
+# one. It only shapes the widths not measured yet: every step's measured time replaces it for the
+# width it used and rescales the neighbours, so a steep prior costs upside on a flat machine, never
+# the floor on a steep one.
+PRIOR_COST_SLOPE = 0.35
+
+
+def prior_cost_curve() -> Any:
+    from promptlookup.drafting.base import MAX_DRAFT
+    from promptlookup.measure.costs import as_curve
+
+    return as_curve([1.0 + PRIOR_COST_SLOPE * (w - 1) for w in range(1, MAX_DRAFT + 2)],
+                    label=f"prior: 1 + {PRIOR_COST_SLOPE} per extra token (no model_path= to measure one)")
 
 
 class Drafter:
@@ -75,7 +88,7 @@ class Drafter:
 
         self.spec = spec
         self.k = k
-        self.run = Run(n_vocab, fingerprint or no_fingerprint, cost_curve=cost_curve or no_cost_curve)
+        self.run = Run(n_vocab, fingerprint or no_fingerprint, cost_curve=cost_curve or prior_cost_curve)
         self.source: DraftSource = source_factory(spec, self.run)()  # type: ignore[assignment]
         self.requests = 0  # resets: requests started
         self.calls = 0  # proposals asked for

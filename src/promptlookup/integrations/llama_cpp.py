@@ -1,4 +1,4 @@
-"""llama-cpp-python drop-in: ``Llama(model_path=..., draft_model=PromptLookupDraftModel("suffix"))``.
+"""llama-cpp-python drop-in: ``Llama(model_path=p, draft_model=PromptLookupDraftModel(model_path=p))``.
 
 Why it fits their interface. ``Llama.generate`` calls its draft model with the whole confirmed token
 history on every step (prompt, accepted drafts, the token it just sampled) and nothing else: no
@@ -13,10 +13,14 @@ tokens it kept), so :meth:`stats` counts acceptance although llama-cpp-python re
 the time between two calls of one request is that step's verify: it is the step's feedback
 (``DraftSource.feedback``), so ``auto`` learns the measured cost of each width here too.
 
-The tokenizer. The draft model is built before the ``Llama``, and never sees it, so files that are
-checked against the model's tokenizer (``history=FILE``, ``corpus=FILE``) need ``model_path=`` (the
-same GGUF; its vocabulary alone is loaded, no weights). Without files, ``n_vocab`` is enough; its
-default covers every common vocabulary, and a token beyond it is an error that says so.
+The tokenizer and the cost curve. The draft model is built before the ``Llama``, and never sees it,
+so files that are checked against the model's tokenizer (``history=FILE``, ``corpus=FILE``) need
+``model_path=`` (the same GGUF; its vocabulary alone is loaded, no weights). Without files,
+``n_vocab`` is enough; its default covers every common vocabulary, and a token beyond it is an error
+that says so. The default source is ``auto``: with ``model_path=`` it starts from that model's
+measured verify cost curve, without it from a steep prior
+(:func:`~promptlookup.integrations.prior_cost_curve`); either way the measured time between calls
+takes over for every width it uses.
 
 llama-cpp-python's server: its ``draft_model`` setting is a string that only switches on its own
 ``LlamaPromptLookupDecoding`` (server/model.py builds that class whatever the string says), so it
@@ -34,7 +38,7 @@ import numpy as np
 from promptlookup.drafting.base import StepFeedback
 from promptlookup.drafting.spec import SourceSpec
 from promptlookup.errors import UsageError
-from promptlookup.integrations import Drafter, build_spec, draft_length
+from promptlookup.integrations import DEFAULT_SOURCE, Drafter, build_spec, draft_length
 
 try:  # the base class when llama-cpp-python is installed, so isinstance checks hold
     from llama_cpp.llama_speculative import LlamaDraftModel as _Base
@@ -69,12 +73,12 @@ def llama_cost_curve(model_path: str | os.PathLike[str], n_threads: int | None =
 class PromptLookupDraftModel(_Base):  # type: ignore[misc,valid-type]
     """A ``LlamaDraftModel`` that drafts with any promptlookup source.
 
-    ``source`` is a spec as in the CLI and bench (``"suffix"``, ``"ngram:min=2"``, ``"auto:curve=F"``),
+    ``source`` is a spec as in the CLI and bench (default ``"auto"``; ``"suffix"``, ``"ngram:min=2"``),
     ``num_pred_tokens`` the most tokens drafted per step (default 8, or the spec's ``draft=``),
     ``history`` a suffix history file (loaded now; written by :meth:`save`), ``corpus`` a corpus
     index (``promptlookup index``)."""
 
-    def __init__(self, source: str | SourceSpec = "suffix", num_pred_tokens: int | None = None,
+    def __init__(self, source: str | SourceSpec = DEFAULT_SOURCE, num_pred_tokens: int | None = None,
                  history: str | os.PathLike[str] | None = None, corpus: str | os.PathLike[str] | None = None,
                  *, model_path: str | os.PathLike[str] | None = None, n_vocab: int | None = None,
                  n_threads: int | None = None) -> None:

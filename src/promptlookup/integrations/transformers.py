@@ -30,7 +30,7 @@ from promptlookup import speculate
 from promptlookup.drafting.base import MAX_DRAFT
 from promptlookup.drafting.spec import SourceSpec
 from promptlookup.errors import UsageError
-from promptlookup.integrations import Drafter, build_spec, draft_length
+from promptlookup.integrations import DEFAULT_SOURCE, Drafter, build_spec, draft_length
 
 DEFAULT_DRAFT = 8  # measured on CPU fp32 SmolLM2: a padded 9-wide verify costs ~1.7 decodes (backend)
 # generate options accepted at exactly these values only (each is what the loop already does)
@@ -50,7 +50,7 @@ class UnsupportedGenerationOption(UsageError, ValueError):
     """A ``model.generate`` option (or value) this drop-in cannot honour."""
 
 
-def make_drafter(model: Any, source: str | SourceSpec = "suffix", draft: int | None = None,
+def make_drafter(model: Any, source: str | SourceSpec = DEFAULT_SOURCE, draft: int | None = None,
                  history: str | os.PathLike[str] | None = None, corpus: str | os.PathLike[str] | None = None,
                  tokenizer: Any = None) -> Drafter:
     """A source to pass as ``generate(source=...)`` across calls, so a suffix history in memory
@@ -124,7 +124,7 @@ def generate(model: Any, input_ids: Any, *, max_new_tokens: int | None = None,
              eos_token_id: int | Sequence[int] | None = None, attention_mask: Any = None,
              do_sample: bool | None = None, temperature: float | None = None, top_p: float | None = None,
              top_k: int | None = None, pad_token_id: int | None = None,
-             seed: int | None = None, source: str | SourceSpec | Drafter | None = "suffix",
+             seed: int | None = None, source: str | SourceSpec | Drafter | None = DEFAULT_SOURCE,
              draft: int | None = None,
              history: str | os.PathLike[str] | None = None, corpus: str | os.PathLike[str] | None = None,
              tokenizer: Any = None, **kwargs: Any) -> Any:
@@ -134,8 +134,8 @@ def generate(model: Any, input_ids: Any, *, max_new_tokens: int | None = None,
     ones (one sequence has no padding). ``max_new_tokens``, ``eos_token_id`` default to the model's
     generation config, as in ``model.generate``. ``do_sample``/``temperature``/``top_p``/``top_k`` and
     ``seed`` sample through promptlookup's sampler (see :func:`_sampler`). ``source`` is ``None``
-    (plain decoding), a spec (``"suffix"``, ``"ngram"``,
-    ``"auto:curve=F"``) or a :func:`make_drafter` result kept across calls; ``history``/``corpus``
+    (plain decoding), a spec (default ``"auto"``, on a cost curve measured once per model object;
+    ``"suffix"``, ``"ngram"``) or a :func:`make_drafter` result kept across calls; ``history``/``corpus``
     are suffix files (they need ``tokenizer=``, to check them against it). A ``history`` given here
     is loaded, then saved back after the call, like the CLI's ``--suffix-history``.
     """
