@@ -312,3 +312,17 @@ def test_sources_are_told_the_tokens_when_asked_and_before_a_new_request():
     auto.extend([5])
     auto.commit()  # and before it commits
     assert rec.seen == [9, 5]
+
+
+def test_a_source_that_never_wins_is_asked_only_now_and_then():
+    from promptlookup.drafting.auto import IDLE_AFTER, PROBE_EVERY
+
+    steep = [1.0, 1.74, 2.08, 2.46, 3.10]
+    auto = AutoDrafter([Scripted([(99,)] * 200)], steep, max_draft=4, model=AcceptanceModel(prior_mean=0.3))
+    auto.reset([0])
+    for t in range(80):
+        assert not auto.propose(4).tokens  # never worth a draft on this curve
+        auto.extend([t])
+    # asked on each of the first IDLE_AFTER steps, then on every PROBE_EVERY-th (steps 24, 32, ... 80)
+    assert (IDLE_AFTER, PROBE_EVERY) == (16, 8)
+    assert auto.calibration.asked == 16 + 8
