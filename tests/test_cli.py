@@ -149,17 +149,17 @@ def test_stats_cost_curve_simulation(capsys, tmp_path):
 def test_cost_curve_needs_auto(capsys):
     code, _, err = run_main(capsys, "generate", "-p", "hi", "--ngram", "--cost-curve", "x.json")
     assert code == 2 and "--cost-curve only applies with --speculate auto" in err
-    code, _, err = run_main(capsys, "generate", "-p", "hi", "--cost-curve", "x.json")
+    code, _, err = run_main(capsys, "generate", "-p", "hi", "--speculate", "off", "--cost-curve", "x.json")
     assert code == 2 and "--cost-curve only applies with --speculate auto" in err
 
 
-def test_generate_defaults_to_plain_and_auto_is_a_flag():
+def test_generate_defaults_to_auto_and_off_is_a_flag():
     from promptlookup.cli import _generate_spec, build_parser
 
     def spec(*argv):
         return _generate_spec(build_parser().parse_args(["generate", "-p", "hi", *argv]))
 
-    assert spec().name == "off"
+    assert spec().name == "auto"
     assert spec("--speculate", "auto").name == "auto"
     assert spec("--speculate", "off").name == "off"
     assert spec("--ngram").name == "ngram" and spec("--suffix").name == "suffix"
