@@ -27,6 +27,7 @@ import platform
 import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,12 +54,20 @@ HOST_ISA: tuple[tuple[str, tuple[str, ...]], ...] = (
 #: the fall-back when the host build fails its smoke test: what every x86-64 CPU since 2013 has.
 CONSERVATIVE_ISA = frozenset({"SSE42", "AVX", "AVX2", "FMA", "F16C"})
 MODES = ("host", "conservative")
+#: parts of llama-cpp-python we never load, left out of the build: its multimodal library (mtmd, ~23k
+#: lines of C++; only its LLaVA-style chat handlers import it, lazily)
+UNUSED_PARTS = ("-DLLAVA_BUILD=OFF",)
 FAILED_MARK = "SMOKE_FAILED"
 INSTALLED_MARK = "llama-build-key"  # in the venv: which wheelhouse key is installed there
 
 
+_T0 = time.monotonic()
+
+
 def log(msg: str) -> None:
-    print(f"setup: {msg}", file=sys.stderr, flush=True)
+    """One progress line, with the time since set-up started (the slow steps say how slow)."""
+    m, sec = divmod(int(time.monotonic() - _T0), 60)
+    print(f"setup [{m}:{sec:02d}]: {msg}", file=sys.stderr, flush=True)
 
 
 # -- what to build ------------------------------------------------------------------------------
@@ -77,17 +86,18 @@ def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
 
 def cmake_args(mode: str, flags: frozenset[str], machine: str | None = None) -> list[str]:
     """CMake arguments for llama.cpp: ``host`` (the CPU's extensions minus the broken ones) or
-    ``conservative`` (AVX2/FMA/F16C). Off x86-64 the native build is kept (nothing known broken)."""
+    ``conservative`` (AVX2/FMA/F16C). Off x86-64 the native build is kept (nothing known broken).
+    Either way without the parts we never load (:data:`UNUSED_PARTS`)."""
     if mode not in MODES:
         raise ValueError(f"unknown build mode {mode!r} (one of {', '.join(MODES)})")
     machine = machine or platform.machine()
     if machine not in ("x86_64", "AMD64"):
-        return ["-DGGML_NATIVE=ON"]
+        return ["-DGGML_NATIVE=ON", *UNUSED_PARTS]
     args = ["-DGGML_NATIVE=OFF"] + [f"-DGGML_{name}=OFF" for name in BROKEN_ISA]
     for name, needs in HOST_ISA:
         on = name in CONSERVATIVE_ISA if mode == "conservative" else all(f in flags for f in needs)
         args.append(f"-DGGML_{name}={'ON' if on else 'OFF'}")
-    return args
+    return [*args, *UNUSED_PARTS]
 
 
 def compiler_id() -> str:
@@ -240,6 +250,17 @@ def ensure_llama(python: str, venv: Path, wheelhouse_root: Path,
                      f"Run '.venv/bin/promptlookup doctor' for details.")
 
 
+def compile_kernels(python: str) -> None:
+    """``promptlookup compile``: numba compiles the drafting kernels now and caches them on disk, so
+    the first run after set-up loads them instead of compiling them (about 10 s on 2 cores)."""
+    log("compiling the drafting kernels (numba; cached on disk for every later run)")
+    proc = subprocess.run([python, "-m", "promptlookup", "compile"], capture_output=True, text=True)
+    last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+    if proc.returncode != 0:
+        raise SystemExit(f"setup: error: compiling the drafting kernels failed: {last}")
+    log(last)
+
+
 def default_wheelhouse() -> Path:
     root = os.environ.get("PROMPTLOOKUP_WHEELHOUSE")
     return Path(root) if root else Path.home() / ".cache" / "promptlookup" / "wheelhouse"
@@ -266,6 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     python = str(args.venv / "bin" / "python")
     wheelhouse = default_wheelhouse()
     build = ensure_llama_before_project(python, args.venv, wheelhouse, args.extras)
+    compile_kernels(python)
     log(f"ready: llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} ({build.mode} build {build.key}), "
         f"promptlookup installed in {args.venv}")
     return 0

@@ -164,29 +164,40 @@ def test_auto_follows_a_cost_that_drifts_during_the_run():
     assert sum(w > 1 for w in tail) <= 10
 
 
-class SlowVerify(FakeModel):
-    """A fake whose verify really takes time: ``plain_s`` for one token, ``draft_s`` for more."""
+class SimClock:
+    """A simulated clock: it moves only when the fake model says a verify took time."""
 
-    def __init__(self, plain_s: float, draft_s: float) -> None:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class SlowVerify(FakeModel):
+    """A fake whose verify takes ``plain_s`` for one token and ``draft_s`` for more, on ``clock``."""
+
+    def __init__(self, plain_s: float, draft_s: float, clock: SimClock) -> None:
         super().__init__(**FAKE)
-        self.plain_s, self.draft_s = plain_s, draft_s
+        self.plain_s, self.draft_s, self.clock = plain_s, draft_s, clock
 
     def verify(self, ids):
-        import time
-
-        time.sleep(self.plain_s if len(ids) == 1 else self.draft_s)
+        self.clock.now += self.plain_s if len(ids) == 1 else self.draft_s
         return super().verify(ids)
 
 
 @pytest.mark.parametrize("draft_s, drafts", [(0.020, False), (0.002, True)])
 def test_auto_on_measured_wall_time(draft_s, drafts):
-    # The same with the loop's own perf_counter: sleep is a lower bound, so load on the machine can
-    # only make the plain step (2 ms) relatively cheaper in the slow case, and the ratio stays 1:1
-    # plus noise in the cheap one (where 4-9 confirmed tokens per step pay under any noise).
-    model = SlowVerify(0.002, draft_s)
+    # The same through the loop's own clock (not verify_seconds): the measured spans decide. The
+    # clock is simulated, so the verdict cannot depend on the machine's load.
+    clock = SimClock()
+    model = SlowVerify(0.002, draft_s, clock)
     auto = AutoDrafter([SuffixMatchSource(min_match=1)], [1.0] * 9)
-    gen = generate(model, PROMPT, 160, source=auto, draft=8)
+    gen = generate(model, PROMPT, 160, source=auto, draft=8, clock=clock)
     assert gen.tokens == generate(FakeModel(**FAKE), PROMPT, 160).tokens
+    assert gen.counters.decode_s == pytest.approx(sum(
+        0.002 if len(ids) == 1 else draft_s for ids in model.verify_calls))
+    assert gen.counters.draft_s == 0.0  # the simulated clock stands still while sources draft
     late = _widths(model)[len(model.verify_calls) // 2:]
     share = sum(w > 1 for w in late) / len(late)
     assert share >= 0.7 if drafts else share <= 0.15

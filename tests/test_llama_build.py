@@ -29,10 +29,10 @@ def test_host_build_names_each_extension_and_never_amx():
     assert args == ["-DGGML_NATIVE=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF",
                     "-DGGML_SSE42=ON", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
                     "-DGGML_BMI2=ON", "-DGGML_AVX_VNNI=ON", "-DGGML_AVX512=ON", "-DGGML_AVX512_VBMI=ON",
-                    "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=ON"]
-    assert lb.cmake_args("host", HASWELL, "x86_64")[-5:] == [
+                    "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=ON", "-DLLAVA_BUILD=OFF"]
+    assert lb.cmake_args("host", HASWELL, "x86_64")[-6:] == [
         "-DGGML_AVX_VNNI=OFF", "-DGGML_AVX512=OFF", "-DGGML_AVX512_VBMI=OFF", "-DGGML_AVX512_VNNI=OFF",
-        "-DGGML_AVX512_BF16=OFF"]
+        "-DGGML_AVX512_BF16=OFF", "-DLLAVA_BUILD=OFF"]
     # AVX-512 needs all five of F/CD/VL/DQ/BW; VNNI alone does not switch it on
     partial = (SAPPHIRE - {"avx512dq"})
     assert "-DGGML_AVX512=OFF" in lb.cmake_args("host", partial, "x86_64")
@@ -47,7 +47,7 @@ def test_conservative_build_is_avx2_fma_f16c_whatever_the_cpu():
 
 
 def test_other_architectures_keep_the_native_build():
-    assert lb.cmake_args("host", frozenset(), "aarch64") == ["-DGGML_NATIVE=ON"]
+    assert lb.cmake_args("host", frozenset(), "aarch64") == ["-DGGML_NATIVE=ON", "-DLLAVA_BUILD=OFF"]
     with pytest.raises(ValueError, match="unknown build mode 'fast'"):
         lb.cmake_args("fast", SAPPHIRE, "x86_64")
 
@@ -92,7 +92,7 @@ def test_a_host_build_that_dies_by_sigill_is_replaced_by_the_conservative_one(tm
     assert build.mode == "conservative"
     assert rec.installed == ["host", "conservative"]
     err = capsys.readouterr().err
-    assert f"setup: host build (key {rec.plans('host').key}): smoke test failed: llama.cpp died by SIGILL " \
+    assert f"]: host build (key {rec.plans('host').key}): smoke test failed: llama.cpp died by SIGILL " \
            "during step 'verify 9 tokens'" in err
     assert "rebuilding once with the conservative ISA set (AVX, AVX2, F16C, FMA, SSE42)" in err
     host = rec.plans("host")

@@ -203,6 +203,15 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--smoke-only", action="store_true",
                     help="only the smoke test, one line (what set-up runs)")
     dr.set_defaults(func=cmd_doctor)
+    co = sub.add_parser("compile", help="compile the drafting kernels now, so no run pays for it (set-up "
+                                        "runs this)",
+                        description="Runs a short synthetic session through the sources of SPEC (default "
+                                    "auto: ngram, lookup and suffix), which compiles their numba kernels "
+                                    "and writes numba's cache, so the first generate, server or drop-in "
+                                    "after set-up loads them instead of compiling. Needs no model.")
+    co.add_argument("--speculate", default="auto", metavar="SPEC",
+                    help="the source setting to compile for (default auto)")
+    co.set_defaults(func=cmd_compile)
     return parser
 
 
@@ -593,6 +602,21 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from promptlookup.backends.doctor import run_doctor
 
     return run_doctor(args.model, args.threads, args.smoke_only)
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    import time
+
+    from promptlookup.drafting.spec import Run, SourceSpec, source_factory
+    from promptlookup.measure.costs import CostCurve
+
+    spec = SourceSpec.parse(args.speculate)
+    t0 = time.perf_counter()
+    # the kernels' types do not depend on the vocabulary or the curve: any model's run compiles them
+    run = Run(n_vocab=1 << 16, fingerprint=lambda: "compile", cost_curve=CostCurve.flat)
+    source_factory(spec, run)
+    print(f"compile: {spec.label}'s drafting kernels ready in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -46,6 +46,7 @@ def generate(
     sampler: Sampler | None = None,
     keep: int = 0,
     verify_seconds: Callable[[int], float] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> Generation:
     """Generation of up to ``max_tokens`` tokens, speculating with ``source``.
 
@@ -59,8 +60,11 @@ def generate(
     the measured time in the source's feedback, and drafting is then charged nothing: a replay's
     "model" costs no real time, and its decisions must not depend on the machine's noise. The
     counters always hold the measured time.
+
+    ``clock`` is what every span is measured with (seconds; injected by tests, which run on a
+    simulated clock so that no verdict depends on the machine's load).
     """
-    run = steps(backend, prompt, max_tokens, source, draft, sampler, keep, verify_seconds)
+    run = steps(backend, prompt, max_tokens, source, draft, sampler, keep, verify_seconds, clock)
     try:
         new = next(run)
         while True:
@@ -78,6 +82,7 @@ def steps(
     sampler: Sampler | None = None,
     keep: int = 0,
     verify_seconds: Callable[[int], float] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> Generator[list[int], bool | None, Generation]:
     """The loop as a generator: yields each step's confirmed tokens (the first one after the
     prefill, then one to ``draft + 1`` per verify) and returns the :class:`Generation`. Sending True
@@ -98,7 +103,7 @@ def steps(
 
     c = Counters(source=source.name, prompt_tokens=len(prompt), draft_max=draft, cached_tokens=keep)
     probe = ResourceProbe()
-    perf = time.perf_counter
+    perf = clock
 
     t0 = perf()
     source.reset(prompt)

@@ -671,7 +671,7 @@ def factory(spec: SourceSpec, run: Run) -> Callable[[], AutoDrafter]:
     from promptlookup.measure.costs import CostCurve
 
     makers = [source_factory(s, run) for s in weighed_specs(spec)]
-    curve = CostCurve.load(spec.value("curve")) if spec.value("curve") else run.cost_curve()
+    curve = CostCurve.load(spec.value("curve")) if spec.value("curve") else run.curve()
     rel, margin = curve.relative(MAX_DRAFT + 1), spec.value("margin")
     return lambda: AutoDrafter(auto_sources(*(m() for m in makers)), rel, max_draft=MAX_DRAFT, margin=margin)
 

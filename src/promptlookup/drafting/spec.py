@@ -222,7 +222,9 @@ class Run:
     # one for all their requests); None: each source gets its own, from its spec's history= file
     history: Any = None
     opened: dict[tuple[str, str], Any] = field(default_factory=dict)
+    warm: bool = True  # compile a new spec's kernels when its factory is made (see drafting.warmup)
     _fp: str | None = None
+    _curve: Any = None
 
     @classmethod
     def for_backend(cls, backend: Any) -> Run:
@@ -235,6 +237,20 @@ class Run:
             return cached_cost_curve(backend)
 
         return cls(backend.n_vocab, backend.fingerprint, cost_curve=curve)
+
+    def curve(self) -> Any:
+        """:attr:`cost_curve`'s curve, made once per run (a warm-up and the real source share it)."""
+        if self._curve is None:
+            if self.cost_curve is None:
+                raise SpecError("auto needs a verify cost curve and this run has none (give curve=FILE)")
+            self._curve = self.cost_curve()
+        return self._curve
+
+    def for_warm_up(self) -> Run:
+        """A run for a throw-away source: the same vocabulary, curve and opened files, no shared
+        history (a warm-up must not add to it) and no warm-up of its own."""
+        return Run(self.n_vocab, self.fingerprint, cost_curve=self.curve, verify=False, history=None,
+                   opened=self.opened, warm=False)
 
     def tokenizer_fingerprint(self) -> str:
         if self._fp is None:
@@ -249,11 +265,20 @@ class Run:
 
 
 def source_factory(spec: SourceSpec, run: Run) -> Callable[[], DraftSource | None]:
-    """Open what ``spec`` needs from ``run`` now (so a bad file fails here), and return a maker of
-    fresh sources; ``off`` makes ``None`` (plain decoding)."""
+    """Open what ``spec`` needs from ``run`` now (so a bad file fails here), compile its kernels now
+    (once per spec and process, on a throw-away source: :mod:`promptlookup.drafting.warmup`, so no
+    timed step pays numba's compilation), and return a maker of fresh sources; ``off`` makes
+    ``None`` (plain decoding)."""
     if spec.name == OFF:
         return lambda: None
-    return module_of(spec.name).factory(spec, run)
+    make = module_of(spec.name).factory(spec, run)
+    if run.warm:
+        from promptlookup.drafting.warmup import PRIVATE, warm_up
+
+        private = spec.without(*PRIVATE)
+        warm_up(private.label, lambda: module_of(spec.name).factory(private, run.for_warm_up())(),
+                run.n_vocab)
+    return make
 
 
 def build_source(spec: SourceSpec, run: Run) -> DraftSource | None:

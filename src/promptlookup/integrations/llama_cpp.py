@@ -1,4 +1,5 @@
-"""llama-cpp-python drop-in: ``Llama(model_path=p, draft_model=PromptLookupDraftModel(model_path=p))``.
+"""llama-cpp-python drop-in: ``Llama(model_path=p, draft_model=PromptLookupDraftModel(model_path=p),
+logits_all=True)``, or :func:`speculative_llama` that builds exactly that.
 
 Why it fits their interface. ``Llama.generate`` calls its draft model with the whole confirmed token
 history on every step (prompt, accepted drafts, the token it just sampled) and nothing else: no
@@ -22,6 +23,16 @@ measured verify cost curve, without it from a steep prior
 (:func:`~promptlookup.integrations.prior_cost_curve`); either way the measured time between calls
 takes over for every width it uses.
 
+``logits_all=True`` is part of the line. With a draft model, llama-cpp-python 0.3.36 keeps every
+position's logits (it forces ``_logits_all``) but sizes its score buffer from the ``logits_all``
+argument: with the default ``False`` the buffer has ``n_batch`` rows (512), and the first ``eval``
+past that row dies with ``ValueError: could not broadcast input array ... into shape (0,)`` (their own
+``LlamaPromptLookupDecoding`` too). So the documented line passes ``logits_all=True``, and
+:func:`speculative_llama` builds the ``Llama`` that way. Where this class can see the mistake (its
+caller is a ``Llama`` whose buffer is short of its context) it says so in one line on its first call,
+instead of the crash a few hundred tokens later; a prompt longer than ``n_batch`` dies in
+llama-cpp-python's prompt ``eval``, before any draft model is asked.
+
 llama-cpp-python's server: its ``draft_model`` setting is a string that only switches on its own
 ``LlamaPromptLookupDecoding`` (server/model.py builds that class whatever the string says), so it
 cannot load this class by import path; run the server from Python with a ``Llama`` built as above.
@@ -30,7 +41,9 @@ cannot load this class by import path; run the server from Python with a ``Llama
 from __future__ import annotations
 
 import os
+import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -45,7 +58,7 @@ try:  # the base class when llama-cpp-python is installed, so isinstance checks 
 except ImportError:  # pragma: no cover - the class still works as a plain callable
     _Base = object  # type: ignore[assignment,misc]
 
-DEFAULT_PRED_TOKENS = 8  # one eval of 9 tokens on llama.cpp CPU costs about 1.3 decodes (README)
+DEFAULT_PRED_TOKENS = 8  # auto's widest draft; it drafts that wide only where measured steps say it pays
 DEFAULT_N_VOCAB = 1 << 18  # Llama 3 128256, Qwen 151936, Gemma 3 262144
 
 
@@ -81,7 +94,7 @@ class PromptLookupDraftModel(_Base):  # type: ignore[misc,valid-type]
     def __init__(self, source: str | SourceSpec = DEFAULT_SOURCE, num_pred_tokens: int | None = None,
                  history: str | os.PathLike[str] | None = None, corpus: str | os.PathLike[str] | None = None,
                  *, model_path: str | os.PathLike[str] | None = None, n_vocab: int | None = None,
-                 n_threads: int | None = None) -> None:
+                 n_threads: int | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
         spec = build_spec(source, None if history is None else str(history),
                           None if corpus is None else str(corpus))
         k = draft_length(spec, num_pred_tokens, DEFAULT_PRED_TOKENS)
@@ -103,12 +116,15 @@ class PromptLookupDraftModel(_Base):  # type: ignore[misc,valid-type]
         self._seen = np.zeros(4096, dtype=np.intc)  # the last history, to tell an append from a new request
         self._n = 0
         self._last_draft: tuple[int, ...] = ()
-        self._left_at = 0.0  # when the previous call returned (perf_counter)
+        self._left_at = 0.0  # when the previous call returned (on ``clock``)
         self._call_s = 0.0  # how long the previous call took
+        self._clock = clock  # injected by tests, so that no verdict depends on the machine's load
+        self._checked: set[int] = set()  # the callers (Llama objects) whose score buffer was checked
 
     def __call__(self, input_ids: Any, /, **kwargs: Any) -> np.ndarray:
         """The draft for the history ``input_ids`` (an empty array: no draft)."""
-        entered = time.perf_counter()
+        entered = self._clock()
+        self._check_caller(sys._getframe(1))
         ids = np.asarray(input_ids)
         if ids.ndim != 1:
             raise UsageError(f"a draft model takes one token history (1-D), got shape {ids.shape}")
@@ -142,9 +158,26 @@ class PromptLookupDraftModel(_Base):  # type: ignore[misc,valid-type]
         draft = d.propose(self.num_pred_tokens).tokens[: self.num_pred_tokens]
         self._last_draft = draft
         out = np.asarray(draft, dtype=np.intc)
-        self._left_at = time.perf_counter()
+        self._left_at = self._clock()
         self._call_s = self._left_at - entered
         return out
+
+    def _check_caller(self, frame: Any) -> None:
+        """Once per calling ``Llama``: refuse, in one line, a score buffer that cannot hold its
+        context (built without ``logits_all=True``; see the module docstring)."""
+        llama = frame.f_locals.get("self")
+        if llama is None or id(llama) in self._checked:
+            return
+        self._checked.add(id(llama))
+        scores, n_ctx = getattr(llama, "scores", None), getattr(llama, "_n_ctx", None)
+        if not (type(llama).__module__.startswith("llama_cpp") and isinstance(scores, np.ndarray)
+                and isinstance(n_ctx, int)):
+            return
+        if scores.shape[0] < n_ctx:
+            raise UsageError(f"this Llama keeps logits for {scores.shape[0]} positions but its context "
+                             f"holds {n_ctx}: with a draft model, build it with logits_all=True "
+                             "(llama-cpp-python sizes that buffer from the argument), or use "
+                             "promptlookup.integrations.llama_cpp.speculative_llama()")
 
     def commit(self) -> None:
         """Add the current request to the source's in-memory history now (a new request does too)."""
@@ -157,3 +190,28 @@ class PromptLookupDraftModel(_Base):  # type: ignore[misc,valid-type]
     def stats(self) -> dict[str, float]:
         """Requests, calls, drafts, drafted and accepted tokens since construction."""
         return self.drafter.stats()
+
+
+def speculative_llama(model_path: str | os.PathLike[str] | None = None, source: str | SourceSpec = DEFAULT_SOURCE,
+                      *, num_pred_tokens: int | None = None, history: str | os.PathLike[str] | None = None,
+                      corpus: str | os.PathLike[str] | None = None, **llama_kwargs: Any) -> Any:
+    """A ``llama_cpp.Llama`` drafting with :class:`PromptLookupDraftModel`, built the way
+    llama-cpp-python needs it for prompts and answers of any length (``logits_all=True``).
+
+    ``model_path`` defaults to the bundled SmolLM2; ``source``, ``num_pred_tokens``, ``history`` and
+    ``corpus`` go to the draft model (which reads the same GGUF's vocabulary and cost curve); every
+    other keyword (``n_ctx``, ``n_threads``, ``verbose``, ...) goes to ``Llama``."""
+    import llama_cpp
+
+    from promptlookup.backends.models import resolve_model
+
+    if llama_kwargs.get("logits_all", True) is not True:
+        raise UsageError("logits_all=False breaks llama-cpp-python's draft-model path past n_batch "
+                         "positions; leave it out")
+    if "draft_model" in llama_kwargs:
+        raise UsageError("speculative_llama builds the draft model itself: pass source= and its "
+                         "settings instead of draft_model=")
+    path = str(resolve_model(model_path))
+    draft = PromptLookupDraftModel(source, num_pred_tokens, history, corpus, model_path=path,
+                                   n_threads=llama_kwargs.get("n_threads"))
+    return llama_cpp.Llama(model_path=path, draft_model=draft, **{**llama_kwargs, "logits_all": True})
