@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import struct
-import time
 import zlib
 
 import numpy as np
@@ -11,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
-from promptlookup.drafting.suffix.automaton import SEP
+from promptlookup.drafting.suffix.automaton import SEP, SuffixAutomaton
 from promptlookup.drafting.suffix.history import HEADER, MAGIC, History, HistoryFormatError
 from promptlookup.drafting.suffix.source import SuffixSource
 
@@ -88,7 +87,7 @@ def test_missing_file_is_a_clear_error(tmp_path):
         History.load(tmp_path / "nope.bin")
 
 
-def test_warm_start_drafts_same_and_loads_fast(tmp_path):
+def test_warm_start_drafts_same_and_loads_without_rebuilding(tmp_path, monkeypatch):
     rng = np.random.default_rng(0)
     h = History(budget=200_000)
     base = rng.integers(0, 500, 2000)
@@ -96,10 +95,11 @@ def test_warm_start_drafts_same_and_loads_fast(tmp_path):
         h.add(np.concatenate([base[: rng.integers(100, 2000)], rng.integers(0, 500, 200)]))
     p = tmp_path / "h.bin"
     h.save(p)
-    t0 = time.perf_counter()
-    back = History.load(p)
-    load_s = time.perf_counter() - t0
-    assert load_s < 0.5  # ~100k tokens: milliseconds in practice, generous for a loaded CI box
+    # fast because the automaton's tables are read back, never rebuilt token by token (a speed
+    # claim belongs in a benchmark; what makes it fast is pinned here)
+    with monkeypatch.context() as m:
+        m.setattr(SuffixAutomaton, "extend", lambda *a: pytest.fail("load rebuilt the automaton"))
+        back = History.load(p)
     assert back.n_tokens <= back.budget
     req = list(base[:50])
     for hist in (h, back):

@@ -615,7 +615,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     # the kernels' types do not depend on the vocabulary or the curve: any model's run compiles them
     run = Run(n_vocab=1 << 16, fingerprint=lambda: "compile", cost_curve=CostCurve.flat)
     source_factory(spec, run)
-    print(f"compile: {spec.label}'s drafting kernels ready in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    print(f"compile: {spec.label}'s drafting kernels ready in {time.perf_counter() - t0:.1f} s",
+          file=sys.stderr)
     return 0
 
 

@@ -192,8 +192,9 @@ class PromptLookupDraftModel(_Base):  # type: ignore[misc,valid-type]
         return self.drafter.stats()
 
 
-def speculative_llama(model_path: str | os.PathLike[str] | None = None, source: str | SourceSpec = DEFAULT_SOURCE,
-                      *, num_pred_tokens: int | None = None, history: str | os.PathLike[str] | None = None,
+def speculative_llama(model_path: str | os.PathLike[str] | None = None,
+                      source: str | SourceSpec = DEFAULT_SOURCE, *, num_pred_tokens: int | None = None,
+                      history: str | os.PathLike[str] | None = None,
                       corpus: str | os.PathLike[str] | None = None, **llama_kwargs: Any) -> Any:
     """A ``llama_cpp.Llama`` drafting with :class:`PromptLookupDraftModel`, built the way
     llama-cpp-python needs it for prompts and answers of any length (``logits_all=True``).
