@@ -62,7 +62,7 @@ def main() -> None:
     prompt = long_prompt(plain, args.prompt_tokens)
     n_prompt = len(plain.tokenize(prompt.encode()))
     print(f"prompt: {n_prompt} tokens (text), {args.n} new tokens asked, -t {args.threads}")
-    print("| row | stream | new tokens | seconds | tok/s (prompt + answer) |")
+    print("| row | stream | new tokens | seconds (prefill included) | new tok/s |")
     print("|---|---|---|---|---|")
     texts = {}
     for name, llama in (("plain Llama", plain), ("speculative_llama (auto)", ours)):
