@@ -33,11 +33,17 @@ class FakeModel:
         # Mostly repeat structure (copy from earlier text) so drafts sometimes match.
         return h % self.n_vocab
 
-    def prefill(self, ids: Sequence[int]) -> int:
+    @property
+    def tokens(self) -> list[int]:
+        return list(self.cache)
+
+    def prefill(self, ids: Sequence[int], sampler=None, keep: int = 0) -> int:
+        assert sampler is None or sampler.argmax_only, "FakeModel is greedy: use LogitsFakeModel"
+        assert list(self.cache[:keep]) == list(ids[:keep])
         self.cache = list(ids)
         return self.next_token(self.cache)
 
-    def verify(self, ids: Sequence[int]) -> list[int]:
+    def verify(self, ids: Sequence[int], sampler=None) -> list[int]:
         assert len(self.cache) + len(ids) <= self.n_ctx
         self.verify_calls.append(list(ids))
         out = []
@@ -102,7 +108,12 @@ class LogitsFakeModel:
             return [int(t) for t in rows.argmax(axis=1)]
         return sampler.sample_rows(rows, self.cache, start + 1)
 
-    def prefill(self, ids: Sequence[int], sampler=None) -> int:
+    @property
+    def tokens(self) -> list[int]:
+        return list(self.cache)
+
+    def prefill(self, ids: Sequence[int], sampler=None, keep: int = 0) -> int:
+        assert list(self.cache[:keep]) == list(ids[:keep])
         self.cache = [int(t) for t in ids]
         return self._choose(len(self.cache) - 1, sampler)[-1]
 
@@ -140,6 +151,9 @@ class ByteModel(LogitsFakeModel):
         super().__init__(n_vocab=257 + len(self.CONTROLS), window=window, scale=scale,
                          eos=self.EOS if eos else None, n_ctx=n_ctx, seed=seed)
         self.model_path = None
+        self.name = "bytes"
+        self.n_threads = 1
+        self.closed = False
         self.prefills: list[tuple[int, int]] = []  # (prompt length, positions kept)
 
     def logits(self, prefix: Sequence[int]):
@@ -155,14 +169,10 @@ class ByteModel(LogitsFakeModel):
             self._rows[tail] = row
         return row
 
-    @property
-    def tokens(self) -> list[int]:
-        return list(self.cache)
-
     def prefill(self, ids: Sequence[int], sampler=None, keep: int = 0) -> int:
-        assert list(self.cache[:keep]) == list(ids[:keep]) and keep < len(ids)
+        assert keep < len(ids)
         self.prefills.append((len(ids), keep))
-        return super().prefill(ids, sampler)
+        return super().prefill(ids, sampler, keep)
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         if not parse_special:
@@ -190,6 +200,9 @@ class ByteModel(LogitsFakeModel):
 
     def render_chat(self, messages) -> str:
         return "".join(f"<|{m['role']}|>{m['content']}<|end|>" for m in messages) + "<|assistant|>"
+
+    def close(self) -> None:
+        self.closed = True
 
 
 class RandomDrafts:

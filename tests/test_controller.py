@@ -181,9 +181,9 @@ class SlowVerify(FakeModel):
         super().__init__(**FAKE)
         self.plain_s, self.draft_s, self.clock = plain_s, draft_s, clock
 
-    def verify(self, ids):
+    def verify(self, ids, sampler=None):
         self.clock.now += self.plain_s if len(ids) == 1 else self.draft_s
-        return super().verify(ids)
+        return super().verify(ids, sampler)
 
 
 @pytest.mark.parametrize("draft_s, drafts", [(0.020, False), (0.002, True)])

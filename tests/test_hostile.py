@@ -158,12 +158,16 @@ class _TimedFake:
     def n_past(self) -> int:
         return self._m.n_past
 
-    def prefill(self, ids):
-        return self._m.prefill(ids)
+    @property
+    def tokens(self):
+        return self._m.tokens
 
-    def verify(self, ids):
+    def prefill(self, ids, sampler=None, keep=0):
+        return self._m.prefill(ids, sampler, keep)
+
+    def verify(self, ids, sampler=None):
         time.sleep(0.0005 * len(ids))
-        return self._m.verify(ids)
+        return self._m.verify(ids, sampler)
 
     def rollback(self, n):
         self._m.rollback(n)

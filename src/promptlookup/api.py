@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from promptlookup.backends.base import common_prefix
+from promptlookup.backends.base import Model, common_prefix
+from promptlookup.drafting.base import DraftSource
 from promptlookup.drafting.spec import OFF, Run, SourceSpec, SpecError, save_state, source_factory
 from promptlookup.errors import InputError, UsageError
 from promptlookup.sampling import Sampler, SamplingParams, TokenLogprob
@@ -134,7 +135,7 @@ class Options:
 
 
 def load_backend(model: str | Path | None = None, backend: str = "llama.cpp", n_ctx: int = 4096,
-                 threads: int | None = None) -> Any:
+                 threads: int | None = None) -> Model:
     """A loaded backend: ``llama.cpp`` (a GGUF; the build is checked once per install) or
     ``transformers`` (a GGUF dequantized to fp32, or a local model directory)."""
     from promptlookup.backends.models import resolve_model
@@ -174,11 +175,11 @@ class Engine:
                  reuse_prefix: bool = True) -> None:
         settings = {"corpus": corpus, "static": lookup_static, "curve": cost_curve}
         self._init_settings(speculate, history, history_budget, settings, reuse_prefix)
-        self.backend = load_backend(model, backend, n_ctx, threads)
+        self.backend: Model = load_backend(model, backend, n_ctx, threads)
         self._bind()
 
     @classmethod
-    def from_backend(cls, backend: Any, *, speculate: str | SourceSpec = DEFAULT_SPECULATE,
+    def from_backend(cls, backend: Model, *, speculate: str | SourceSpec = DEFAULT_SPECULATE,
                      history: str | Path | None = None, history_budget: int | None = None,
                      corpus: str | Path | None = None, lookup_static: str | Path | None = None,
                      cost_curve: str | Path | None = None, reuse_prefix: bool = True) -> Engine:
@@ -230,7 +231,7 @@ class Engine:
                                 "set it with Engine(history=..., history_budget=...)")
         return spec.with_settings(self._settings)
 
-    def source_for(self, spec: SourceSpec) -> Any:
+    def source_for(self, spec: SourceSpec) -> DraftSource | None:
         """One source per setting, kept across requests (reset per request; what it learns stays)."""
         if spec.name == OFF:
             return None
@@ -245,7 +246,7 @@ class Engine:
 
     @property
     def model_name(self) -> str:
-        path = getattr(self.backend, "model_path", None)
+        path = self.backend.model_path
         return Path(path).name if path is not None else type(self.backend).__name__
 
     def tokenize(self, text: str) -> list[int]:
@@ -377,9 +378,7 @@ class Engine:
             return self.history.save(target)
 
     def close(self) -> None:
-        close = getattr(self.backend, "close", None)
-        if close is not None:
-            close()
+        self.backend.close()
 
     def __enter__(self) -> Engine:
         return self

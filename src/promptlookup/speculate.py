@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 
-from promptlookup.backends.base import Backend, BackendError
+from promptlookup.backends.base import BackendError, Decoder
 from promptlookup.drafting.base import MAX_DRAFT, DraftSource, NoDraft, StepFeedback
 from promptlookup.sampling import Sampler, TokenLogprob
 from promptlookup.telemetry import Counters, ResourceProbe
@@ -37,7 +37,7 @@ class Generation:
 
 
 def generate(
-    backend: Backend,
+    backend: Decoder,
     prompt: Sequence[int],
     max_tokens: int,
     source: DraftSource | None = None,
@@ -54,7 +54,7 @@ def generate(
     one, every position's token is the sampler's choice from the logits the backend computed.
     ``on_tokens`` sees each step's confirmed tokens; returning True ends the generation there
     (``stopped_by="stop"``: a stop string, a client gone, a time limit). ``keep``: cached prompt
-    positions to reuse (:meth:`~promptlookup.backends.base.Backend.prefill`).
+    positions to reuse (:meth:`~promptlookup.backends.base.Decoder.prefill`).
 
     ``verify_seconds`` (the replay's cost model: seconds of a verify feeding ``n`` tokens) replaces
     the measured time in the source's feedback, and drafting is then charged nothing: a replay's
@@ -74,7 +74,7 @@ def generate(
 
 
 def steps(
-    backend: Backend,
+    backend: Decoder,
     prompt: Sequence[int],
     max_tokens: int,
     source: DraftSource | None = None,
@@ -109,13 +109,10 @@ def steps(
     source.reset(prompt)
     c.draft_s += perf() - t0
 
-    # Only a sampler (and a kept prefix) is passed on: backends and test doubles that predate them
-    # keep working.
-    kw = {} if sampler is None else {"sampler": sampler}
     if sampler is not None:
         sampler.reset()
     t0 = perf()
-    pending = backend.prefill(prompt, **kw, **({"keep": keep} if keep else {}))
+    pending = backend.prefill(prompt, sampler, keep)
     c.prefill_s = perf() - t0
     out = [pending]
     stopped_by = "max_tokens"
@@ -144,7 +141,7 @@ def steps(
 
         n_before = backend.n_past
         t0 = perf()
-        chosen = backend.verify([pending, *drafted], **kw)
+        chosen = backend.verify([pending, *drafted], sampler)
         verify_s = perf() - t0
         c.decode_s += verify_s
         c.decodes += 1

@@ -1,5 +1,6 @@
-"""Model backends behind one small protocol (see :mod:`promptlookup.backends.base`)."""
+"""Model backends behind one declared contract (see :mod:`promptlookup.backends.base`): the loop's
+:class:`Decoder` and the engine's :class:`Model`."""
 
-from promptlookup.backends.base import Backend, BackendError
+from promptlookup.backends.base import BackendError, Decoder, Model
 
-__all__ = ["Backend", "BackendError"]
+__all__ = ["BackendError", "Decoder", "Model"]

@@ -1,4 +1,5 @@
-"""The protocol every backend implements for the speculative loop.
+"""The contract of a backend: :class:`Decoder` (what the speculative loop needs) and :class:`Model`
+(what the public :class:`~promptlookup.api.Engine` needs besides).
 
 Logits stay inside the backend: it returns the chosen id of every position it decoded (the argmax
 when greedy, the :class:`~promptlookup.sampling.Sampler`'s choice when sampling), which is all the
@@ -9,8 +10,8 @@ position, and hands the sampler its logits rows (``Sampler.sample_rows``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from promptlookup.sampling import Sampler
@@ -23,11 +24,17 @@ class BackendError(UserError, RuntimeError):
 
 
 @runtime_checkable
-class Backend(Protocol):
-    """Decoding with a KV cache that can be rolled back; greedy unless given a sampler."""
+class Decoder(Protocol):
+    """What the speculative loop needs: decoding with a KV cache that can be rolled back; greedy
+    unless given a sampler. Every backend and every test double implements all of it, with these
+    exact signatures, so the loop calls each method one way."""
 
     n_ctx: int
     n_past: int
+
+    @property
+    def tokens(self) -> Sequence[int]:
+        """The ids the cache holds, position by position (what prefix reuse compares against)."""
 
     def prefill(self, ids: Sequence[int], sampler: Sampler | None = None, keep: int = 0) -> int:
         """Decode the prompt, return the token chosen after its last token.
@@ -35,10 +42,6 @@ class Backend(Protocol):
         The cache is cleared, except its first ``keep`` positions when they hold ``ids[:keep]``
         already (:func:`common_prefix` of :attr:`tokens` and ``ids``): a follow-up request that
         re-sends a conversation then decodes only what is new."""
-
-    @property
-    def tokens(self) -> Sequence[int]:
-        """The ids the cache holds, position by position (what prefix reuse compares against)."""
 
     def verify(self, ids: Sequence[int], sampler: Sampler | None = None) -> list[int]:
         """Decode ``ids`` at positions ``n_past..`` in one batch; the token chosen after each.
@@ -52,6 +55,38 @@ class Backend(Protocol):
     def is_eog(self, token: int) -> bool:
         """True when ``token`` ends generation (EOS, EOT, ...)."""
 
+
+@runtime_checkable
+class Model(Decoder, Protocol):
+    """What :class:`~promptlookup.api.Engine` needs beyond the loop: text in and out, the chat
+    template, the vocabulary's identity (files are checked against it), and a name for reports.
+
+    ``model_path`` is the file the weights came from (None for a model handed in by the caller);
+    ``n_threads`` the CPU threads it decodes with (a cost curve is measured per thread count)."""
+
+    name: str  # the backend's kind: "llama.cpp", "transformers", ...
+    n_vocab: int
+    n_threads: int
+    model_path: Any
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """Text as ids (with BOS where the model wants one); control-token texts stay text unless
+        ``parse_special`` (the chat template's own text only)."""
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """Ids as text (invalid UTF-8 replaced)."""
+
+    def fingerprint(self) -> str:
+        """A short id of the tokenizer, written into and checked against every file of token ids."""
+
+    def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
+        """The conversation through the model's chat template, ending where the assistant speaks."""
+
+    def control_texts(self) -> list[str]:
+        """The texts of the control tokens (a message may not smuggle them in)."""
+
+    def close(self) -> None:
+        """Free the model (idempotent)."""
 
 
 def one_turn(user: str, system: str | None = None) -> list[dict[str, str]]:

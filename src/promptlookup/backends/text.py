@@ -26,8 +26,13 @@ class TextBackend:
         # Past the end of the text there is nothing to predict; any token will do (never emitted).
         return self.stream[pos + 1] if pos + 1 < len(self.stream) else -1
 
-    # A sampler is accepted and ignored: the text is what this "model" says, at any temperature.
-    def prefill(self, ids: Sequence[int], sampler: object = None) -> int:
+    @property
+    def tokens(self) -> list[int]:
+        return self.stream[: self.n_past]
+
+    # A sampler is accepted and ignored: the text is what this "model" says, at any temperature. A kept
+    # prefix costs nothing to keep: the text is the cache.
+    def prefill(self, ids: Sequence[int], sampler: object = None, keep: int = 0) -> int:
         self.n_past = len(ids)
         self.widths = []
         return self._next(self.n_past - 1)
