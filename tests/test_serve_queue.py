@@ -12,26 +12,40 @@ import pytest
 pytest.importorskip("fastapi")
 
 from promptlookup.api import RequestError  # noqa: E402
+from promptlookup.options import RequestOptions  # noqa: E402
 from promptlookup.serve.queue import Job, Worker  # noqa: E402
 
 
 class _Chunk:
     def __init__(self, text: str, completion=None) -> None:
-        self.text, self.tokens, self.completion = text, [], completion
+        self.text, self.tokens, self.completion, self.logprobs = text, [], completion, None
 
 
-def _job(loop, log: list, name: str, gate: threading.Event | None = None, steps: int = 1, fail=None,
-         delay: float = 0.0):
-    def run(cancelled, timeout):
-        if fail is not None:
-            raise fail
+class _Engine:
+    """The worker's engine: each job's prompt names a script (gate, steps, failure, delay)."""
+
+    def __init__(self, log: list) -> None:
+        self.log = log
+        self.scripts: dict[str, dict] = {}
+
+    def detokenize(self, ids):
+        return ""
+
+    def chat(self, prompt, options, stream):
+        raise AssertionError("these jobs are completions")
+
+    def generate(self, name, options, stream):
+        script, log = self.scripts[name], self.log
+        assert stream and options.cancelled is not None
+        if script["fail"] is not None:
+            raise script["fail"]
 
         def chunks():
-            for i in range(steps):
-                if gate is not None:
-                    gate.wait(10)
-                time.sleep(delay)
-                if cancelled():
+            for i in range(script["steps"]):
+                if script["gate"] is not None:
+                    script["gate"].wait(10)
+                time.sleep(script["delay"])
+                if options.cancelled():
                     log.append(f"{name}:cancelled@{i}")
                     yield _Chunk("", completion=name)
                     return
@@ -41,7 +55,11 @@ def _job(loop, log: list, name: str, gate: threading.Event | None = None, steps:
 
         return chunks()
 
-    return Job(run=run, loop=loop)
+
+def _job(loop, engine: _Engine, name: str, gate: threading.Event | None = None, steps: int = 1, fail=None,
+         delay: float = 0.0):
+    engine.scripts[name] = {"gate": gate, "steps": steps, "fail": fail, "delay": delay}
+    return Job("completion", name, RequestOptions(max_tokens=steps + 1), loop)
 
 
 async def _drain(job: Job) -> list[str]:
@@ -58,19 +76,20 @@ def test_fifo_bounded_withdraw_failures_and_cancel():
         loop = asyncio.get_running_loop()
         log: list[str] = []
         done: list[str] = []
-        w = Worker(max_queue=2, on_done=lambda job: done.append(job.completion))
+        engine = _Engine(log)
+        w = Worker(engine, max_queue=2, on_done=lambda job: done.append(job.completion))
         gate = threading.Event()
-        first = _job(loop, log, "a", gate=gate, steps=3)
+        first = _job(loop, engine, "a", gate=gate, steps=3)
         w.start()
         assert w.submit(first)
         while w.running == 0:
             await asyncio.sleep(0.01)
-        b, c, d = _job(loop, log, "b"), _job(loop, log, "c"), _job(loop, log, "d")
+        b, c, d = _job(loop, engine, "b"), _job(loop, engine, "c"), _job(loop, engine, "d")
         assert w.submit(b) and w.submit(c)
         assert not w.submit(d)  # two wait already: the third is refused
         w.withdraw(b)  # its client went away while it waited: it never runs
-        bad = _job(loop, log, "bad", fail=RequestError("no", "prompt"))
-        boom = _job(loop, log, "boom", fail=ZeroDivisionError())
+        bad = _job(loop, engine, "bad", fail=RequestError("no", "prompt"))
+        boom = _job(loop, engine, "boom", fail=ZeroDivisionError())
         assert w.submit(bad) and not w.submit(boom)
         gate.set()
         assert await _drain(first) == ["start", "chunk", "chunk", "chunk", "chunk", "end"]
@@ -78,7 +97,7 @@ def test_fifo_bounded_withdraw_failures_and_cancel():
         assert await _drain(bad) == ["error:400"]
         assert w.submit(boom)
         assert await _drain(boom) == ["error:500"]  # a bug in a request is a 500, and the worker lives on
-        slow = _job(loop, log, "slow", steps=1000, delay=0.01)
+        slow = _job(loop, engine, "slow", steps=1000, delay=0.01)
         assert w.submit(slow)
         while w.running == 0:
             await asyncio.sleep(0.01)

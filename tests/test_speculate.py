@@ -137,10 +137,11 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="draft length"):
         generate(model, [1], 5, draft=9)
     small = FakeModel(n_ctx=4)
-    from promptlookup.backends.base import BackendError
+    from promptlookup.errors import RequestError
 
-    with pytest.raises(BackendError, match="context holds 4"):
+    with pytest.raises(RequestError, match="the prompt is 4 tokens but the context holds 4: shorten") as exc:
         generate(small, [1, 2, 3, 4], 5)
+    assert exc.value.param == "prompt"  # the one check: the server's 400 names the field
 
 
 def test_context_limit_stops_generation():

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numbers
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,8 +32,9 @@ from typing import Any
 from promptlookup.backends.base import Model, common_prefix
 from promptlookup.drafting.base import DraftSource
 from promptlookup.drafting.spec import OFF, Run, SourceSpec, SpecError, save_state, source_factory
-from promptlookup.errors import InputError, UsageError
-from promptlookup.sampling import Sampler, SamplingParams, TokenLogprob
+from promptlookup.errors import RequestError, UsageError, check_prompt_fits
+from promptlookup.options import MAX_STOP_CHARS, MAX_STOPS, RequestOptions
+from promptlookup.sampling import Sampler, TokenLogprob
 from promptlookup.speculate import steps
 from promptlookup.telemetry import Counters
 from promptlookup.textout import TextTracker
@@ -41,18 +42,8 @@ from promptlookup.textout import TextTracker
 # What speculation does when nobody says: the best setting we measured (see the README's tables).
 DEFAULT_SPECULATE = "auto"
 ROLES = ("system", "developer", "user", "assistant")  # "developer" is OpenAI's newer name for system
-MAX_STOPS = 16  # stop strings per request (OpenAI allows 4; llama-server any)
-MAX_STOP_CHARS = 1000
-
-
-class RequestError(InputError):
-    """A request the engine cannot serve as asked (a bad message, a prompt too long, ...).
-
-    ``param`` names the request field at fault, for the server's error object."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
+__all__ = ["DEFAULT_SPECULATE", "MAX_STOPS", "MAX_STOP_CHARS", "ROLES", "Chunk", "Completion", "Engine",
+           "Options", "RequestError", "RequestOptions", "check_messages", "load_backend"]
 
 
 @dataclass
@@ -94,44 +85,8 @@ class Chunk:
     logprobs: list[TokenLogprob] | None = None  # one per token in ``tokens``, when asked for
 
 
-@dataclass(frozen=True)
-class Options:
-    """The per-request settings of :meth:`Engine.generate` and :meth:`Engine.chat`."""
-
-    max_tokens: int = 256
-    temperature: float = 0.0  # 0: greedy
-    top_k: int = SamplingParams.top_k
-    top_p: float = SamplingParams.top_p
-    min_p: float = SamplingParams.min_p
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = SamplingParams.repeat_last_n
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    seed: int | None = None
-    stop: Sequence[str] | str | None = None
-    logprobs: int | None = None  # record each token's logprob and this many alternatives (0..20)
-    speculate: str | SourceSpec | None = None  # None: the engine's setting
-    timeout: float | None = None  # seconds; the generation ends (finish "length") when it runs out
-    cancelled: Callable[[], bool] | None = None  # polled once per step: True ends it (a client gone)
-
-    def sampler(self) -> Sampler:
-        params = SamplingParams(temp=self.temperature, top_k=self.top_k, top_p=self.top_p,
-                                min_p=self.min_p, repeat_penalty=self.repeat_penalty,
-                                repeat_last_n=self.repeat_last_n, presence_penalty=self.presence_penalty,
-                                frequency_penalty=self.frequency_penalty)
-        return Sampler(params, self.seed, logprobs=self.logprobs)
-
-    def stops(self) -> list[str]:
-        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
-        if len(stops) > MAX_STOPS:
-            raise RequestError(f"at most {MAX_STOPS} stop strings, got {len(stops)}", "stop")
-        for s in stops:
-            if not isinstance(s, str):
-                raise RequestError(f"a stop string must be text, got {type(s).__name__}", "stop")
-            if len(s) > MAX_STOP_CHARS:
-                raise RequestError(f"a stop string is at most {MAX_STOP_CHARS} characters, got {len(s)}",
-                                   "stop")
-        return stops
+#: the request settings' old name (one letter from a source's ``Option``); kept for a release
+Options = RequestOptions
 
 
 def load_backend(model: str | Path | None = None, backend: str = "llama.cpp", n_ctx: int = 4096,
@@ -264,19 +219,21 @@ class Engine:
         return messages_tokens(self.backend, check_messages(messages))
 
     # -- generation ---------------------------------------------------------------------------
-    def generate(self, prompt: str | Sequence[int], *, stream: bool = False,
-                 **options: Any) -> Completion | Iterator[Chunk]:
-        """Generate from text or token ids. ``options`` are :class:`Options`' fields
-        (``max_tokens``, ``temperature``, ``stop``, ``seed``, ``speculate``, ...). Returns a
-        :class:`Completion`, or with ``stream=True`` an iterator of :class:`Chunk` whose last one
-        carries it."""
+    def generate(self, prompt: str | Sequence[int], options: RequestOptions | None = None, *,
+                 stream: bool = False, **fields: Any) -> Completion | Iterator[Chunk]:
+        """Generate from text or token ids. ``options`` (a :class:`RequestOptions`) or ``fields``, its
+        fields as keywords (``max_tokens``, ``temperature``, ``stop``, ``seed``, ``speculate``, ...),
+        or both (the keywords replace the options' values). Returns a :class:`Completion`, or with
+        ``stream=True`` an iterator of :class:`Chunk` whose last one carries it."""
+        opts = _options(options, fields)
         ids = self.tokenize(prompt) if isinstance(prompt, str) else self._check_ids(prompt)
-        return self._start(ids, Options(**options), stream)
+        return self._start(ids, opts, stream)
 
-    def chat(self, messages: Sequence[Mapping[str, Any]], *, stream: bool = False,
-             **options: Any) -> Completion | Iterator[Chunk]:
+    def chat(self, messages: Sequence[Mapping[str, Any]], options: RequestOptions | None = None, *,
+             stream: bool = False, **fields: Any) -> Completion | Iterator[Chunk]:
         """The assistant's next turn after ``messages`` (system/user/assistant, as OpenAI's)."""
-        return self._start(self.chat_ids(messages), Options(**options), stream)
+        opts = _options(options, fields)
+        return self._start(self.chat_ids(messages), opts, stream)
 
     def _check_ids(self, prompt: Sequence[int]) -> list[int]:
         ids = []
@@ -287,15 +244,11 @@ class Engine:
             ids.append(int(t))
         return ids
 
-    def _start(self, ids: list[int], opts: Options, stream: bool) -> Completion | Iterator[Chunk]:
+    def _start(self, ids: list[int], opts: RequestOptions, stream: bool) -> Completion | Iterator[Chunk]:
         # Every setting is checked before the first token (and before a stream is handed out).
         if not ids:
             raise RequestError("the prompt is empty: at least one token is needed", "prompt")
-        if len(ids) >= self.n_ctx:
-            raise RequestError(f"the prompt is {len(ids)} tokens but the context holds {self.n_ctx}; "
-                               "shorten it or load the model with a larger context", "prompt")
-        if isinstance(opts.max_tokens, bool) or not isinstance(opts.max_tokens, int) or opts.max_tokens < 1:
-            raise RequestError(f"max_tokens must be an integer >= 1, got {opts.max_tokens!r}", "max_tokens")
+        check_prompt_fits(len(ids), self.n_ctx)
         spec = self.spec(opts.speculate)
         sampler = opts.sampler()
         stops = opts.stops()
@@ -308,7 +261,7 @@ class Engine:
         assert last is not None and last.completion is not None
         return last.completion
 
-    def _run(self, ids: list[int], opts: Options, spec: SourceSpec, sampler: Sampler,
+    def _run(self, ids: list[int], opts: RequestOptions, spec: SourceSpec, sampler: Sampler,
              stops: list[str]) -> Iterator[Chunk]:
         with self._lock:
             source = self.source_for(spec)
@@ -418,6 +371,15 @@ def check_messages(messages: Any) -> list[dict[str, str]]:
             raise RequestError(f"messages[{i}].content holds a NUL character", "messages")
         out.append({"role": "system" if role == "developer" else role, "content": content})
     return out
+
+
+def _options(options: RequestOptions | None, fields: Mapping[str, Any]) -> RequestOptions:
+    """The request's options: ``options`` with ``fields`` replaced, or built from ``fields``."""
+    if options is None:
+        return RequestOptions(**fields)
+    if not isinstance(options, RequestOptions):
+        raise UsageError(f"options must be RequestOptions, got {type(options).__name__}")
+    return options.replace(**fields) if fields else options
 
 
 def _choices(source: Any) -> dict[str, int]:

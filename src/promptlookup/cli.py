@@ -95,20 +95,19 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
                    help="sampling seed (default: a random one, reported so the run can be repeated)")
 
 
-def _sampling(args: argparse.Namespace, logprobs: int | None = None):
-    """The run's Sampler from its flags (checked before any model is loaded)."""
-    from promptlookup.sampling import Sampler, SamplingParams
+def _request_options(args: argparse.Namespace, **more):
+    """The request settings of a command's flags, built (and checked) once, before any model loads:
+    the sampler flags, plus ``more`` (``max_tokens``, ``speculate``, ``logprobs``, ...)."""
+    from promptlookup.options import RequestOptions
 
-    params = SamplingParams(temp=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                            repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
-                            presence_penalty=args.presence_penalty,
-                            frequency_penalty=args.frequency_penalty)
-    return Sampler(params, args.seed, logprobs=logprobs)
+    return RequestOptions(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                          repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
+                          presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+                          seed=args.seed, **more)
 
 
-def _sampling_line(sampler) -> str:
-    return (f"sampling: {sampler.params.describe()}; seed {sampler.seed} "
-            f"(--seed {sampler.seed} repeats this run)")
+def _sampling_line(params, seed: int) -> str:
+    return f"sampling: {params.describe()}; seed {seed} (--seed {seed} repeats this run)"
 
 
 def _add_model_args(p: argparse.ArgumentParser, backend: bool = False) -> None:
@@ -413,15 +412,6 @@ def _generate_spec(args: argparse.Namespace):
     return SourceSpec.from_args(args, name, GENERATE_SOURCES)
 
 
-def _options(args: argparse.Namespace, sampler, speculate) -> dict:
-    """The request settings of ``generate``'s flags, with the sampler's (checked, maybe random) seed."""
-    p = sampler.params
-    return dict(max_tokens=args.n_predict, temperature=p.temp, top_k=p.top_k, top_p=p.top_p,
-                min_p=p.min_p, repeat_penalty=p.repeat_penalty, repeat_last_n=p.repeat_last_n,
-                presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
-                seed=sampler.seed, logprobs=sampler.logprobs, speculate=speculate)
-
-
 def cmd_generate(args: argparse.Namespace) -> int:
     from promptlookup.api import Engine
     from promptlookup.backends.base import one_turn
@@ -435,34 +425,28 @@ def cmd_generate(args: argparse.Namespace) -> int:
     history = spec.get("history")
     budget = int(spec.get("budget")) if spec.get("budget") is not None else None
     spec = spec.without("history", "budget")
-    sampler = _sampling(args, args.logprobs)
-    opts = _options(args, sampler, spec)
+    opts = _request_options(args, max_tokens=args.n_predict, logprobs=args.logprobs, speculate=spec)
     text = _read_prompt(args)
     system = prompt_text(args.system, "--system") if args.system is not None else None
     engine = Engine(args.model, getattr(args, "backend", "llama.cpp"), threads=args.threads,
                     n_ctx=args.ctx_size, speculate=spec, history=history, history_budget=budget)
     backend = engine.backend
     ids = engine.chat_ids(one_turn(text, system)) if args.chat else engine.tokenize(text)
-    if len(ids) >= backend.n_ctx:
-        raise UsageError(
-            f"the prompt is {len(ids)} tokens but the context holds {backend.n_ctx} "
-            "(raise -c/--ctx-size or shorten it)"
-        )
     if args.json:
-        result = engine.generate(ids, **opts)
+        result = engine.generate(ids, opts)
     else:
-        for chunk in engine.generate(ids, stream=True, **opts):
+        for chunk in engine.generate(ids, opts, stream=True):
             sys.stdout.write(chunk.text)
             sys.stdout.flush()
             result = chunk.completion
         sys.stdout.write("\n")
     engine.save_history()  # the history file the flags name: this run added to it
-    _print_generation(args, backend, ids, result, sampler,
+    _print_generation(args, backend, ids, result, opts,
                       engine.source_for(spec) if spec.name == "auto" else None)
     return 0
 
 
-def _print_generation(args: argparse.Namespace, backend, ids: list[int], result, sampler, drafter) -> None:
+def _print_generation(args: argparse.Namespace, backend, ids: list[int], result, opts, drafter) -> None:
     """The output: JSON, or the report after the streamed text; ``--csv`` appends a row."""
     c = result.counters
     if args.csv:
@@ -474,7 +458,7 @@ def _print_generation(args: argparse.Namespace, backend, ids: list[int], result,
             "model": str(backend.model_path), "threads": backend.n_threads,
             "prompt_tokens": len(ids), "tokens": result.tokens, "text": result.text,
             "stopped_by": result.stopped_by, "counters": c.as_dict(),
-            "sampling": {**sampler.params.as_dict(), "seed": sampler.seed},
+            "sampling": {**opts.sampling_params().as_dict(), "seed": result.seed},
         }
         if result.logprobs is not None:
             obj["logprobs"] = [_logprob_json(backend, lp) for lp in result.logprobs]
@@ -482,8 +466,9 @@ def _print_generation(args: argparse.Namespace, backend, ids: list[int], result,
         return
     for line in c.report_lines():
         print(line, file=sys.stderr)
-    if not sampler.argmax_only:
-        print(_sampling_line(sampler), file=sys.stderr)
+    params = opts.sampling_params()
+    if not (params.greedy and not params.penalties):
+        print(_sampling_line(params, result.seed), file=sys.stderr)
     if drafter is not None:
         print(_auto_report(drafter), file=sys.stderr)
 
@@ -632,7 +617,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise UsageError("--cells names no cell (e.g. --cells off,ngram,auto)")
     if not any(c.name == "off" for c in cells):
         cells.insert(0, bench.parse_cell("off"))
-    sampler = _sampling(args)
+    sampler = _request_options(args).sampler()  # one seed for every run of the bench
     if not sampler.argmax_only and any(c.name in bench.PEERS for c in cells):
         raise UsageError("peer cells decode greedily: drop them or --temp/penalties")
     files: list[Path] = []
@@ -685,7 +670,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise
     md = bench.table(runs) + "\n\n" + bench.summary(runs, oracles, replays) + "\n"
     if not sampler.argmax_only:
-        md = f"{_sampling_line(sampler)}; every run uses this seed\n\n{md}"
+        md = f"{_sampling_line(sampler.params, sampler.seed)}; every run uses this seed\n\n{md}"
     print(md)
     if args.md:
         atomic_write_text(Path(args.md), md)

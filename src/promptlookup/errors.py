@@ -21,3 +21,21 @@ class UsageError(UserError):
 
 class InputError(UserError, ValueError):
     """A file or value the user gave that cannot be used (missing, empty, out of range)."""
+
+
+class RequestError(InputError):
+    """A request that cannot be served as asked (a bad message, a prompt too long, ...).
+
+    ``param`` names the request field at fault, for the server's error object."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def check_prompt_fits(n_prompt: int, n_ctx: int) -> None:
+    """The one check that a prompt leaves room to generate: the CLI, the engine, the server and the
+    loop all ask it, so "too long" reads the same wherever it is found."""
+    if n_prompt >= n_ctx:
+        raise RequestError(f"the prompt is {n_prompt} tokens but the context holds {n_ctx}: shorten it or "
+                           "load the model with a larger context (-c/--ctx-size, n_ctx=)", "prompt")

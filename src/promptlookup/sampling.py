@@ -229,6 +229,17 @@ def reference_sample(logits: np.ndarray, tokens: Sequence[int], n: int, params: 
     return _finish(ids, lg, params, uniform(seed, n))
 
 
+MAX_LOGPROBS = 20  # alternatives per position (OpenAI's limit)
+
+
+def check_seed_and_logprobs(seed: int | None, logprobs: int | None) -> None:
+    """A seed in 0..2**64-1 (None: chosen at random later) and 0..20 alternatives, or a one-line error."""
+    if seed is not None and not 0 <= seed <= _MASK:
+        raise SamplingError(f"--seed must be in 0..2**64-1, got {seed}")
+    if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
+        raise SamplingError(f"--logprobs must be in 0..{MAX_LOGPROBS}, got {logprobs}")
+
+
 class Sampler:
     """One run's sampler: the settings, the seed's stream, and the logprobs it recorded.
 
@@ -240,10 +251,7 @@ class Sampler:
                  logprobs: int | None = None) -> None:
         self.params = params or SamplingParams()
         self.seed = random_seed() if seed is None else int(seed)
-        if not 0 <= self.seed <= _MASK:
-            raise SamplingError(f"--seed must be in 0..2**64-1, got {self.seed}")
-        if logprobs is not None and not 0 <= logprobs <= 20:
-            raise SamplingError(f"--logprobs must be in 0..20, got {logprobs}")
+        check_seed_and_logprobs(self.seed, logprobs)
         self.logprobs = logprobs
         self._key = stream_key(self.seed)
         self.recorded: dict[int, TokenLogprob] = {}

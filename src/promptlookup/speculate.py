@@ -19,8 +19,9 @@ import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 
-from promptlookup.backends.base import BackendError, Decoder
+from promptlookup.backends.base import Decoder
 from promptlookup.drafting.base import MAX_DRAFT, DraftSource, NoDraft, StepFeedback
+from promptlookup.errors import check_prompt_fits
 from promptlookup.sampling import Sampler, TokenLogprob
 from promptlookup.telemetry import Counters, ResourceProbe
 
@@ -95,11 +96,7 @@ def steps(
         raise ValueError(f"draft length must be in 1..{MAX_DRAFT}, got {draft}")
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
-    if len(prompt) >= backend.n_ctx:
-        raise BackendError(
-            f"prompt is {len(prompt)} tokens, the context holds {backend.n_ctx}: "
-            "raise -c or shorten the prompt"
-        )
+    check_prompt_fits(len(prompt), backend.n_ctx)
 
     c = Counters(source=source.name, prompt_tokens=len(prompt), draft_max=draft, cached_tokens=keep)
     probe = ResourceProbe()

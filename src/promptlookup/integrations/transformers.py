@@ -100,7 +100,7 @@ def _sampler(gc: Any, temperature: float | None, top_p: float | None, top_k: int
     no min-p or penalties. Its random stream is keyed by position, so a speculative run emits exactly
     the tokens of a plain run with the same ``seed`` (fp32); it is not torch's random stream, so the
     tokens differ from ``model.generate(do_sample=True)``'s, with the same distribution."""
-    from promptlookup.sampling import Sampler, SamplingParams
+    from promptlookup.options import RequestOptions
 
     temp = temperature if temperature is not None else (getattr(gc, "temperature", None) or 1.0)
     if temp <= 0:
@@ -108,9 +108,8 @@ def _sampler(gc: Any, temperature: float | None, top_p: float | None, top_k: int
                                           "(do_sample=False decodes greedily)")
     k = top_k if top_k is not None else getattr(gc, "top_k", None)
     p = top_p if top_p is not None else getattr(gc, "top_p", None)
-    params = SamplingParams(temp=float(temp), top_k=50 if k is None else int(k),
-                            top_p=1.0 if p is None else float(p), min_p=0.0)
-    return Sampler(params, seed=seed)
+    return RequestOptions(temperature=float(temp), top_k=50 if k is None else int(k),
+                          top_p=1.0 if p is None else float(p), min_p=0.0, seed=seed).sampler()
 
 
 def _eos_ids(model: Any, eos_token_id: int | Sequence[int] | None) -> list[int]:

@@ -3,13 +3,15 @@ from a route through the queue to its response.
 
 ``create_app(engine, settings)`` returns a FastAPI app: ``GET /v1/models``, ``POST /v1/completions``,
 ``POST /v1/chat/completions`` (``stream: true`` as server-sent events ending in ``data: [DONE]``),
-``GET /health`` and ``GET /metrics``. Why these two jobs share a module: a route checks its request
-into engine options and hands :class:`Server` a job; the server queues it for the one model context
-(:mod:`.queue`), watches its client, and answers whole or as a stream, with the objects
-:mod:`.render` builds. Nothing a client sends can crash the server or earn a 500: the ASGI guard
-(:mod:`.guard`) checks the API key and reads the body (size limit, UTF-8, JSON) before FastAPI sees
-it, pydantic checks the fields against :mod:`.schemas`, and every error -- FastAPI's 422s included --
-is answered as OpenAI's error object (:func:`.guard.error_response`) with a 4xx status.
+``GET /health`` and ``GET /metrics``. A request's path: the route (:data:`router`) checks the body into
+a :class:`~promptlookup.serve.queue.Job` -- data: its kind, its prompt, its
+:class:`~promptlookup.options.RequestOptions` built once by the schema's ``to_options`` --, and
+:meth:`Server.respond` queues it; the worker thread (:mod:`.queue`) hands it to the engine; the server
+watches the client and answers whole or as a stream, with the objects :mod:`.render` builds. Nothing a
+client sends can crash the server or earn a 500: the ASGI guard (:mod:`.guard`) checks the API key and
+reads the body (size limit, UTF-8, JSON) before FastAPI sees it, pydantic checks the fields against
+:mod:`.schemas`, and every error -- FastAPI's 422s included -- is answered as OpenAI's error object
+(:func:`.guard.error_response`) with a 4xx status.
 """
 
 from __future__ import annotations
@@ -19,18 +21,18 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from promptlookup import __version__
-from promptlookup.api import ROLES, Chunk, Completion, Engine, Options, RequestError, check_messages
+from promptlookup.api import ROLES, Completion, Engine, RequestError, check_messages
 from promptlookup.drafting.spec import SourceSpec, SpecError, options_of
 from promptlookup.errors import UserError
 from promptlookup.serve import schemas as s
@@ -38,7 +40,7 @@ from promptlookup.serve.guard import Guard, error_response
 from promptlookup.serve.history import HistorySaver
 from promptlookup.serve.metrics import CONTENT_TYPE, Metrics
 from promptlookup.serve.queue import Event, Job, Worker, error_event
-from promptlookup.serve.render import Render, public_label, token_texts
+from promptlookup.serve.render import Render, public_label
 
 log = logging.getLogger("promptlookup.serve")
 
@@ -84,7 +86,7 @@ class Server:
     def __init__(self, engine: Engine, settings: Settings) -> None:
         self.engine = engine
         self.settings = settings
-        self.worker = Worker(settings.max_queue, on_done=self._done)
+        self.worker = Worker(engine, settings.max_queue, on_done=self._done)
         self.metrics = Metrics(lambda: self.worker.waiting, lambda: self.worker.running)
         self.history = HistorySaver(engine, settings.history_save_every,
                                     on_save=self.metrics.history_saves.inc)
@@ -118,35 +120,17 @@ class Server:
             self._spec_labels.add(spec.label)
         return spec
 
-    def options(self, body: s.SamplingFields, max_tokens: int | None, logprobs: int | None) -> dict[str, Any]:
-        if body.n not in (None, 1):
-            raise RequestError(f"n must be 1 (got {body.n}): one model context serves one completion "
-                               "per request; send n requests instead", "n")
-        n_ctx = self.engine.n_ctx
-        if max_tokens is not None and max_tokens > n_ctx:
-            raise RequestError(f"max_tokens is {max_tokens} but the context holds {n_ctx} tokens "
-                               "(prompt included)", "max_tokens")
-        opts = dict(
-            max_tokens=n_ctx if max_tokens is None else max_tokens,
-            temperature=1.0 if body.temperature is None else body.temperature,
-            top_p=1.0 if body.top_p is None else body.top_p,
-            top_k=body.top_k or 0, min_p=body.min_p or 0.0,
-            repeat_penalty=1.0 if body.repeat_penalty is None else body.repeat_penalty,
-            presence_penalty=body.presence_penalty or 0.0, frequency_penalty=body.frequency_penalty or 0.0,
-            seed=body.seed, stop=body.stop, logprobs=logprobs, speculate=self.speculate(body.speculate),
-        )
-        checked = Options(**opts)
-        checked.sampler()  # every sampler setting checked now: a SamplingError is a 400
-        checked.stops()
-        return opts
-
     # -- running a job --------------------------------------------------------------------------
-    async def respond(self, request: Request, run: Callable[..., Iterator[Any]], stream: bool,
-                      render: Render, annotate: Callable[[Chunk], Any] | None = None) -> Response:
-        loop = asyncio.get_running_loop()
+    def job(self, kind: str, prompt: Any, body: s.SamplingFields) -> Job:
+        """A request, checked, as the data the worker runs: its options built once from the body."""
+        opts = body.to_options(self.engine.n_ctx, self.speculate(body.speculate))
         timeout = self.settings.timeout
-        job = Job(run=run, loop=loop, annotate=annotate,
-                  deadline=None if timeout is None else time.monotonic() + timeout)
+        return Job(kind, prompt, opts, asyncio.get_running_loop(), token_texts=opts.logprobs is not None,
+                   deadline=None if timeout is None else time.monotonic() + timeout)
+
+    async def respond(self, request: Request, job: Job, render: Render) -> Response:
+        """Queue ``job`` and answer with its events: whole, or as a stream (``render.stream``)."""
+        stream = render.stream
         if not self.worker.submit(job):
             self.metrics.rejected.inc()
             self.metrics.errors.labels("503").inc()
@@ -279,8 +263,94 @@ def _messages(body: s.ChatCompletionRequest) -> list[dict[str, Any]]:
     return out
 
 
+# -- errors, as OpenAI's error object (4xx; a 500 only for our own bugs) ------------------------------
+def _server(request: Request) -> Server:
+    return request.app.state.server
+
+
+async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = list(exc.errors())
+    # of a union's errors (stop: text or a list), the one that is not a plain type mismatch
+    first = next((e for e in errors if not str(e.get("type", "")).endswith("_type")),
+                 errors[0] if errors else {})
+    param = _param(first.get("loc", ()))
+    msg = first.get("msg", "invalid request")
+    _server(request).metrics.errors.labels("400").inc()
+    return error_response(400, f"{param or 'body'}: {msg}", param=param, code="invalid_value")
+
+
+async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    _server(request).metrics.errors.labels(str(exc.status_code)).inc()
+    message = {404: f"no route {request.method} {request.url.path} (see /openapi.json)",
+               405: f"{request.method} is not allowed on {request.url.path}"}.get(
+                   exc.status_code, str(exc.detail))
+    return error_response(exc.status_code, message, code="not_found" if exc.status_code == 404 else None,
+                          headers=exc.headers)
+
+
+async def user_error(request: Request, exc: UserError) -> JSONResponse:
+    ev = error_event(exc)
+    _server(request).metrics.errors.labels(str(ev.status)).inc()
+    return _event_response(ev)
+
+
+async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("promptlookup serve: internal error")
+    return error_response(500, f"internal error ({type(exc).__name__}); the server logged it", "server_error")
+
+
+# -- the routes ----------------------------------------------------------------------------------------
+router = APIRouter()
+
+
+@router.get("/health", response_model=s.Health, tags=["server"])
+async def health(request: Request) -> dict[str, Any]:
+    server = _server(request)
+    return {"status": "ok", "model": server.model, "running": server.worker.running,
+            "waiting": server.worker.waiting, "max_queue": server.settings.max_queue,
+            "requests": server.worker.served}
+
+
+@router.get("/metrics", tags=["server"], response_class=Response, responses={
+    **GET_ERRORS, 200: {"content": {"text/plain": {"schema": {"type": "string"}}},
+                        "description": "Prometheus text format"}})
+async def metrics(request: Request) -> Response:
+    return Response(_server(request).metrics.render(), media_type=CONTENT_TYPE)
+
+
+@router.get("/v1/models", response_model=s.ModelList, responses=GET_ERRORS, tags=["openai"])
+async def models(request: Request) -> dict[str, Any]:
+    server = _server(request)
+    engine = server.engine
+    meta = {"n_ctx": engine.n_ctx, "n_vocab": int(engine.backend.n_vocab),
+            "backend": type(engine.backend).__name__,
+            "speculate": public_label(engine.default_spec.label),
+            "file": engine.model_name}
+    return {"object": "list", "data": [{"id": server.model, "object": "model", "created": server.created,
+                                        "owned_by": "promptlookup", "meta": meta}]}
+
+
+@router.post("/v1/chat/completions", response_model=s.ChatCompletion, tags=["openai"],
+             responses={**ERROR_RESPONSES, 200: {"content": SSE, "description": "a chat completion, "
+                                                 "or with stream: true server-sent chunks"}})
+async def chat_completions(body: s.ChatCompletionRequest, request: Request) -> Response:
+    server = _server(request)
+    job = server.job("chat", check_messages(_messages(body)), body)  # every 400 before the queue
+    return await server.respond(request, job, Render(server.model, "chat", body, job.options.logprobs))
+
+
+@router.post("/v1/completions", response_model=s.TextCompletion, tags=["openai"],
+             responses={**ERROR_RESPONSES, 200: {"content": SSE, "description": "a completion, "
+                                                 "or with stream: true server-sent chunks"}})
+async def completions(body: s.CompletionRequest, request: Request) -> Response:
+    server = _server(request)
+    job = server.job("completion", body.prompt_input(), body)
+    return await server.respond(request, job, Render(server.model, "completion", body, job.options.logprobs))
+
+
 # -- the app -------------------------------------------------------------------------------------------
 def create_app(engine: Engine, settings: Settings | None = None) -> FastAPI:
+    """The FastAPI app on ``engine``: the routes above, the error handlers, the ASGI guard."""
     settings = settings or Settings()
     server = Server(engine, settings)
 
@@ -300,101 +370,11 @@ def create_app(engine: Engine, settings: Settings | None = None) -> FastAPI:
                   description="An OpenAI-compatible server that speculates by prompt lookup "
                               "(the output is the model's own). One model context: requests queue.")
     app.state.server = server
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = list(exc.errors())
-        # of a union's errors (stop: text or a list), the one that is not a plain type mismatch
-        first = next((e for e in errors if not str(e.get("type", "")).endswith("_type")),
-                     errors[0] if errors else {})
-        param = _param(first.get("loc", ()))
-        msg = first.get("msg", "invalid request")
-        server.metrics.errors.labels("400").inc()
-        return error_response(400, f"{param or 'body'}: {msg}", param=param, code="invalid_value")
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        server.metrics.errors.labels(str(exc.status_code)).inc()
-        message = {404: f"no route {request.method} {request.url.path} (see /openapi.json)",
-                   405: f"{request.method} is not allowed on {request.url.path}"}.get(
-                       exc.status_code, str(exc.detail))
-        return error_response(exc.status_code, message, code="not_found" if exc.status_code == 404 else None,
-                              headers=exc.headers)
-
-    @app.exception_handler(UserError)
-    async def user_error(request: Request, exc: UserError) -> JSONResponse:
-        ev = error_event(exc)
-        server.metrics.errors.labels(str(ev.status)).inc()
-        return _event_response(ev)
-
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("promptlookup serve: internal error")
-        return error_response(500, f"internal error ({type(exc).__name__}); the server logged it",
-                              "server_error")
-
-    @app.get("/health", response_model=s.Health, tags=["server"])
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": server.model, "running": server.worker.running,
-                "waiting": server.worker.waiting, "max_queue": settings.max_queue,
-                "requests": server.worker.served}
-
-    @app.get("/metrics", tags=["server"], response_class=Response, responses={
-        **GET_ERRORS, 200: {"content": {"text/plain": {"schema": {"type": "string"}}},
-                            "description": "Prometheus text format"}})
-    async def metrics() -> Response:
-        return Response(server.metrics.render(), media_type=CONTENT_TYPE)
-
-    @app.get("/v1/models", response_model=s.ModelList, responses=GET_ERRORS, tags=["openai"])
-    async def models() -> dict[str, Any]:
-        meta = {"n_ctx": engine.n_ctx, "n_vocab": int(engine.backend.n_vocab),
-                "backend": type(engine.backend).__name__,
-                "speculate": public_label(engine.default_spec.label),
-                "file": engine.model_name}
-        return {"object": "list", "data": [{"id": server.model, "object": "model", "created": server.created,
-                                            "owned_by": "promptlookup", "meta": meta}]}
-
-    @app.post("/v1/chat/completions", response_model=s.ChatCompletion, tags=["openai"],
-              responses={**ERROR_RESPONSES, 200: {"content": SSE, "description": "a chat completion, "
-                                                  "or with stream: true server-sent chunks"}})
-    async def chat_completions(body: s.ChatCompletionRequest, request: Request) -> Response:
-        if body.top_logprobs is not None and not body.logprobs:
-            raise RequestError("top_logprobs needs logprobs: true", "top_logprobs")
-        logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        opts = server.options(body, max_tokens, logprobs)
-        messages = check_messages(_messages(body))  # a bad message is a 400 before the queue
-
-        def run(cancelled: Callable[[], bool], timeout: float | None) -> Iterator[Any]:
-            return engine.chat(messages, stream=True, cancelled=cancelled, timeout=timeout, **opts)
-
-        render = Render(server.model, "chat", body, logprobs)
-        return await server.respond(request, run, bool(body.stream), render,
-                                    token_texts(engine) if logprobs is not None else None)
-
-    @app.post("/v1/completions", response_model=s.TextCompletion, tags=["openai"],
-              responses={**ERROR_RESPONSES, 200: {"content": SSE, "description": "a completion, "
-                                                  "or with stream: true server-sent chunks"}})
-    async def completions(body: s.CompletionRequest, request: Request) -> Response:
-        if body.echo:
-            raise RequestError("echo is not supported", "echo")
-        if body.best_of not in (None, 1):
-            raise RequestError(f"best_of must be 1 (got {body.best_of})", "best_of")
-        if body.suffix is not None:
-            raise RequestError("suffix (insertion) is not supported", "suffix")
-        opts = server.options(body, body.max_tokens, body.logprobs)
-        prompt: Any = body.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
-            prompt = prompt[0]  # one prompt given as a list of one
-        if isinstance(prompt, str) and not prompt:
-            raise RequestError("the prompt is empty", "prompt")
-
-        def run(cancelled: Callable[[], bool], timeout: float | None) -> Iterator[Any]:
-            return engine.generate(prompt, stream=True, cancelled=cancelled, timeout=timeout, **opts)
-
-        render = Render(server.model, "completion", body, body.logprobs)
-        return await server.respond(request, run, bool(body.stream), render,
-                                    token_texts(engine) if body.logprobs is not None else None)
+    app.add_exception_handler(RequestValidationError, validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(UserError, user_error)  # type: ignore[arg-type]
+    app.add_exception_handler(Exception, internal_error)
+    app.include_router(router)
 
     def openapi() -> dict[str, Any]:
         """FastAPI's schema, less the 422 responses it adds (validation errors are 400s here)."""
@@ -413,4 +393,3 @@ def create_app(engine: Engine, settings: Settings | None = None) -> FastAPI:
     app.openapi = openapi  # type: ignore[method-assign]
     app.add_middleware(Guard, api_key=settings.api_key, max_body=settings.max_body, metrics=server.metrics)
     return app
-

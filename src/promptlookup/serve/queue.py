@@ -1,5 +1,11 @@
 """One worker thread runs the engine; requests wait their turn in a bounded FIFO queue.
 
+A :class:`Job` is data: the kind of request (``chat`` or ``completion``), its prompt (messages, text
+or ids) and its :class:`~promptlookup.options.RequestOptions`, checked by the route before it was
+queued. The worker hands them to the engine itself (``Engine.chat`` / ``Engine.generate``), so a
+request's path runs one way: route -> queue -> engine -> loop -> backend, with no call back into the
+module that queued it.
+
 Why a thread and a queue: the engine holds one model context and serves one request at a time,
 and a generation is seconds of blocking native calls, which must never run on the event loop (that
 would stall every other client, ``/health`` included). So each request becomes a :class:`Job`: the
@@ -19,11 +25,12 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from promptlookup.errors import InputError, UsageError, UserError
+from promptlookup.options import RequestOptions
 
 log = logging.getLogger("promptlookup.serve")
 
@@ -44,15 +51,16 @@ class Event:
 
 @dataclass(eq=False)
 class Job:
-    """One request: ``run(cancelled, timeout)`` returns the engine's chunk iterator (on the worker
-    thread, so tokenizing and every check happen there too); ``annotate(chunk)`` computes for each
-    chunk, still on the worker, whatever its response needs from the model (token texts for
-    logprobs)."""
+    """One request: ``kind`` ("chat": ``prompt`` is messages; "completion": text or token ids), its
+    checked ``options``, and whether its response shows logprobs (then the worker looks up the texts
+    of each chunk's logprob tokens: :class:`TokenTexts`)."""
 
-    run: Callable[[Callable[[], bool], float | None], Iterator[Any]]
+    kind: str
+    prompt: Any
+    options: RequestOptions
     loop: asyncio.AbstractEventLoop
     deadline: float | None = None  # time.monotonic() by which the request must be done
-    annotate: Callable[[Any], Any] | None = None
+    token_texts: bool = False
     cancel: threading.Event = field(default_factory=threading.Event)
     arrived: float = field(default_factory=time.monotonic)
     started: float | None = None
@@ -60,11 +68,30 @@ class Job:
     events: asyncio.Queue[Event] = field(init=False)
 
     def __post_init__(self) -> None:
+        if self.kind not in ("chat", "completion"):
+            raise ValueError(f"unknown job kind {self.kind!r}")
         self.events = asyncio.Queue()
 
     def emit(self, event: Event) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is gone (shutdown): nobody is listening
             self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+
+class TokenTexts:
+    """One request's worker-side lookup of the texts of a chunk's logprob tokens (chosen and top; on
+    the last chunk, those of the whole completion too), each token detokenized once: the model is
+    the worker's to use, so the response's renderer never touches it."""
+
+    def __init__(self, detokenize: Callable[[list[int]], str]) -> None:
+        self.detokenize = detokenize
+        self.known: dict[int, str] = {}
+
+    def __call__(self, chunk: Any) -> dict[int, str]:
+        lps = [*(chunk.logprobs or ()), *(chunk.completion.logprobs or () if chunk.completion else ())]
+        ids = {x.token for x in lps} | {t for x in lps for t, _ in x.top}
+        for t in ids - self.known.keys():
+            self.known[t] = self.detokenize([t])
+        return {t: self.known[t] for t in ids}
 
 
 def error_event(exc: BaseException) -> Event:
@@ -79,9 +106,10 @@ def error_event(exc: BaseException) -> Event:
 
 
 class Worker:
-    """The single thread that runs jobs, oldest first; see the module docstring."""
+    """The single thread that runs jobs on ``engine``, oldest first; see the module docstring."""
 
-    def __init__(self, max_queue: int, on_done: Callable[[Job], None] | None = None) -> None:
+    def __init__(self, engine: Any, max_queue: int, on_done: Callable[[Job], None] | None = None) -> None:
+        self.engine = engine  # an Engine (or a test double with its chat/generate/detokenize)
         self.max_queue = max_queue
         self.on_done = on_done
         self._cv = threading.Condition()
@@ -162,7 +190,12 @@ class Worker:
             return
         completed = False
         try:
-            chunks = job.run(job.cancel.is_set, remaining)  # every check of the request happens here
+            opts = job.options.replace(cancelled=job.cancel.is_set, timeout=remaining)
+            if job.kind == "chat":  # tokenizing and the engine's own checks happen here, on the worker
+                chunks = self.engine.chat(job.prompt, opts, stream=True)
+            else:
+                chunks = self.engine.generate(job.prompt, opts, stream=True)
+            annotate = TokenTexts(self.engine.detokenize) if job.token_texts else None
         except Exception as exc:  # a request's failure must never end the worker
             if not isinstance(exc, UserError):
                 log.exception("promptlookup serve: a request failed")
@@ -171,7 +204,7 @@ class Worker:
         job.emit(Event("start"))  # from here the response is 200 (a stream's headers go out)
         try:
             for chunk in chunks:
-                extra = job.annotate(chunk) if job.annotate is not None else None
+                extra = annotate(chunk) if annotate is not None else None
                 if chunk.completion is not None:
                     job.completion = chunk.completion
                     completed = True

@@ -6,8 +6,9 @@ logprobs in each (chat's ``content`` entries with bytes, completions' ``tokens``
 ``counters``, the ``seed``) -- is one job, independent of how a request is queued and run. A
 :class:`Render` turns an engine :class:`~promptlookup.api.Completion` and its
 :class:`~promptlookup.api.Chunk` s (with the token texts the worker looked up for each,
-:func:`token_texts`) into plain dicts; the app serializes them. A stream's chunk carries the logprobs
-of its own tokens, as OpenAI's do; the final chunk only those of tokens no earlier chunk carried.
+:class:`~promptlookup.serve.queue.TokenTexts`) into plain dicts; the app serializes them. A stream's
+chunk carries the logprobs of its own tokens, as OpenAI's do; the final chunk only those of tokens no
+earlier chunk carried.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from promptlookup import __version__
-from promptlookup.api import Chunk, Completion, Engine, TokenLogprob
+from promptlookup.api import Completion, TokenLogprob
 from promptlookup.drafting.spec import OFF, options_of
 from promptlookup.serve import schemas as s
 
@@ -37,26 +38,12 @@ def public_label(label: str) -> str:
     return ":".join([name, *(o for o in opts if o.partition("=")[0] not in paths)])
 
 
-def token_texts(engine: Engine) -> Callable[[Chunk], dict[int, str]]:
-    """One request's worker-side lookup of the texts of a chunk's logprob tokens (chosen and top; on
-    the last chunk, those of the whole completion too), each token detokenized once."""
-    known: dict[int, str] = {}
-
-    def texts(chunk: Chunk) -> dict[int, str]:
-        lps = [*(chunk.logprobs or ()), *(chunk.completion.logprobs or () if chunk.completion else ())]
-        ids = {x.token for x in lps} | {t for x in lps for t, _ in x.top}
-        for t in ids - known.keys():
-            known[t] = engine.detokenize([t])
-        return {t: known[t] for t in ids}
-
-    return texts
-
-
 class Render:
     """The response objects of one request (chat or completions), whole or as stream chunks."""
 
     def __init__(self, model: str, kind: str, body: s.SamplingFields, logprobs: int | None) -> None:
         self.model = model
+        self.stream = bool(body.stream)  # answered as server-sent events
         self.include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
         self.token_ids = bool(body.return_token_ids)
         self.kind = kind

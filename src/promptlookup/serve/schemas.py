@@ -15,7 +15,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field
 
-from promptlookup.api import MAX_STOP_CHARS, MAX_STOPS
+from promptlookup.errors import RequestError
+from promptlookup.options import MAX_STOP_CHARS, MAX_STOPS, RequestOptions
 
 MAX_TOKENS_LIMIT = 1 << 20  # the largest context the CLI loads; a request is also held to the server's
 MAX_SEED = 2**64 - 1
@@ -73,6 +74,33 @@ class SamplingFields(_Request):
     return_token_ids: bool | None = Field(False, description="extension (vLLM's): the generated token ids "
                                                               "in choices[0].token_ids (not streamed)")
 
+    # what each endpoint calls these (chat and completions name them differently)
+    def new_tokens(self) -> int | None:
+        raise NotImplementedError
+
+    def logprob_count(self) -> int | None:
+        raise NotImplementedError
+
+    def to_options(self, n_ctx: int, speculate: Any = None) -> RequestOptions:
+        """This request's settings as the engine's :class:`RequestOptions`, OpenAI's defaults where
+        the body is silent (temperature 1, top_p 1; llama.cpp's extensions off), ``max_tokens`` up to
+        the context; ``speculate`` is the server's checked spec for the body's ``speculate``."""
+        if self.n not in (None, 1):
+            raise RequestError(f"n must be 1 (got {self.n}): one model context serves one completion "
+                               "per request; send n requests instead", "n")
+        max_tokens = self.new_tokens()
+        if max_tokens is not None and max_tokens > n_ctx:
+            raise RequestError(f"max_tokens is {max_tokens} but the context holds {n_ctx} tokens "
+                               "(prompt included)", "max_tokens")
+        return RequestOptions(
+            max_tokens=n_ctx if max_tokens is None else max_tokens,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=self.top_k or 0, min_p=self.min_p or 0.0,
+            repeat_penalty=1.0 if self.repeat_penalty is None else self.repeat_penalty,
+            presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
+            seed=self.seed, stop=self.stop, logprobs=self.logprob_count(), speculate=speculate)
+
 
 class TextPart(_Request):
     type: Literal["text"]
@@ -100,6 +128,14 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool | None = False
     top_logprobs: _int(0, MAX_TOP_LOGPROBS) | None = Field(None)
 
+    def new_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def logprob_count(self) -> int | None:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise RequestError("top_logprobs needs logprobs: true", "top_logprobs")
+        return (self.top_logprobs or 0) if self.logprobs else None
+
 
 class CompletionRequest(SamplingFields):
     prompt: (str | Annotated[list[_int(0)], Field(min_length=1)]
@@ -113,6 +149,27 @@ class CompletionRequest(SamplingFields):
     echo: bool | None = Field(False, description="only false")
     best_of: _int(1, 128) | None = Field(None, description="only 1")
     suffix: str | None = Field(None, description="not supported (only null)")
+
+    def new_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def logprob_count(self) -> int | None:
+        return self.logprobs
+
+    def prompt_input(self) -> str | list[int]:
+        """The one prompt, as text or token ids; what this server cannot do is refused by name."""
+        if self.echo:
+            raise RequestError("echo is not supported", "echo")
+        if self.best_of not in (None, 1):
+            raise RequestError(f"best_of must be 1 (got {self.best_of})", "best_of")
+        if self.suffix is not None:
+            raise RequestError("suffix (insertion) is not supported", "suffix")
+        prompt: Any = self.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+            prompt = prompt[0]  # one prompt given as a list of one
+        if isinstance(prompt, str) and not prompt:
+            raise RequestError("the prompt is empty", "prompt")
+        return prompt
 
 
 # -- responses ------------------------------------------------------------------------------------

@@ -1,0 +1,92 @@
+"""A request's settings, checked once, when they are made: :class:`RequestOptions`.
+
+Why one carrier: the CLI's flags, an HTTP request's body and a Python call all describe the same
+things (how many tokens, how to sample, where to stop, which draft source, how long it may take).
+They used to become sampler settings in five places and be checked in three. Now each front end
+builds one :class:`RequestOptions` (``cli``: from its flags; ``serve``: the request schema's
+``to_options``; ``Engine.generate(**fields)``: from keywords), which checks itself in
+``__post_init__``, and :meth:`RequestOptions.sampler` is the one conversion to sampler settings.
+A bad value is a one-line :class:`~promptlookup.errors.InputError` (a 400 on the server) raised
+before any queue or model sees the request.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from promptlookup.errors import RequestError
+from promptlookup.sampling import Sampler, SamplingParams, check_seed_and_logprobs
+
+MAX_STOPS = 16  # stop strings per request (OpenAI allows 4; llama-server any)
+MAX_STOP_CHARS = 1000
+
+
+@dataclass(frozen=True)
+class RequestOptions:
+    """The per-request settings of :meth:`~promptlookup.api.Engine.generate` and ``chat``.
+
+    ``speculate`` is a draft source setting (``"auto"``, ``"ngram:draft=4"``, a
+    :class:`~promptlookup.drafting.spec.SourceSpec`) or None for the engine's own; the engine checks
+    it against its files. ``timeout`` (seconds) and ``cancelled`` (polled once per step) end a
+    generation early with finish reason "length" / "cancelled"."""
+
+    max_tokens: int = 256
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = SamplingParams.top_k
+    top_p: float = SamplingParams.top_p
+    min_p: float = SamplingParams.min_p
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = SamplingParams.repeat_last_n
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None  # None: a random one, reported in the completion
+    stop: Sequence[str] | str | None = None  # kept as a tuple of checked strings
+    logprobs: int | None = None  # record each token's logprob and this many alternatives (0..20)
+    speculate: Any = None  # str | SourceSpec | None (None: the engine's setting)
+    timeout: float | None = None
+    cancelled: Callable[[], bool] | None = None
+
+    def __post_init__(self) -> None:
+        mt = self.max_tokens
+        if isinstance(mt, bool) or not isinstance(mt, numbers.Integral) or mt < 1:
+            raise RequestError(f"max_tokens must be an integer >= 1, got {mt!r}", "max_tokens")
+        object.__setattr__(self, "stop", _checked_stops(self.stop))
+        self.sampling_params()  # raises SamplingError (an InputError) on any bad sampler setting
+        check_seed_and_logprobs(self.seed, self.logprobs)
+        t = self.timeout
+        if t is not None and (isinstance(t, bool) or not isinstance(t, numbers.Real) or math.isnan(t)):
+            raise RequestError(f"timeout must be a number of seconds, got {t!r}", "timeout")
+
+    def sampling_params(self) -> SamplingParams:
+        """The sampler settings these options ask for (the one place they are converted)."""
+        return SamplingParams(temp=self.temperature, top_k=self.top_k, top_p=self.top_p,
+                              min_p=self.min_p, repeat_penalty=self.repeat_penalty,
+                              repeat_last_n=self.repeat_last_n, presence_penalty=self.presence_penalty,
+                              frequency_penalty=self.frequency_penalty)
+
+    def sampler(self) -> Sampler:
+        """A fresh sampler for one generation (a random seed is drawn here when none was given)."""
+        return Sampler(self.sampling_params(), self.seed, logprobs=self.logprobs)
+
+    def stops(self) -> list[str]:
+        return list(self.stop)  # type: ignore[arg-type]
+
+    def replace(self, **changes: Any) -> RequestOptions:
+        """These options with ``changes`` (checked again)."""
+        return replace(self, **changes)
+
+
+def _checked_stops(stop: Any) -> tuple[str, ...]:
+    stops = [stop] if isinstance(stop, str) else list(stop or ())
+    if len(stops) > MAX_STOPS:
+        raise RequestError(f"at most {MAX_STOPS} stop strings, got {len(stops)}", "stop")
+    for s in stops:
+        if not isinstance(s, str):
+            raise RequestError(f"a stop string must be text, got {type(s).__name__}", "stop")
+        if len(s) > MAX_STOP_CHARS:
+            raise RequestError(f"a stop string is at most {MAX_STOP_CHARS} characters, got {len(s)}", "stop")
+    return tuple(stops)
