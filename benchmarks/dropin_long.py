@@ -1,6 +1,6 @@
 """The llama-cpp-python drop-in on a long request: a ~2,000-token prompt, 512 new tokens, streamed and not.
 
-Why: llama-cpp-python sizes its score buffer by ``n_batch`` unless ``logits_all=True``, so the README's
+Why: llama-cpp-python sizes its score buffer by ``n_batch`` unless ``logits_all=True``, so the documented
 one-line change used to die past 512 positions; this is the check that the documented line (here
 through ``speculative_llama``) carries a long prompt and a long answer, beside the same ``Llama``
 without a draft model, in one run.
@@ -74,7 +74,7 @@ def main() -> None:
     print(f"draft model: {s['drafted_tokens']} drafted, {s['accepted_tokens']} accepted "
           f"({100 * s['acceptance']:.1f}%), {s['requests']} requests")
     same = texts[("plain Llama", False)] == texts[("speculative_llama (auto)", False)]
-    print(f"text equal to plain (not streamed): {same} (llama.cpp's batch numerics: README, Exactness)")
+    print(f"text equal to plain (not streamed): {same} (llama.cpp's batch numerics: docs/exactness.md)")
     plain.close()
     ours.close()
 

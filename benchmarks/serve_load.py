@@ -1,4 +1,4 @@
-"""Latency of ``promptlookup serve`` under concurrent streaming clients (the README's Server figures).
+"""Latency of ``promptlookup serve`` under concurrent streaming clients (docs/server.md's figures).
 
 Starts ``promptlookup serve`` on a free port (or uses ``--url``), then runs the same requests twice:
 one client at a time, and ``--clients`` clients at once, each sending ``--requests`` streaming chat

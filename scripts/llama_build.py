@@ -167,7 +167,7 @@ def build_wheel(python: str, build: Build) -> Path:
     env = dict(os.environ, CMAKE_ARGS=" ".join(build.args),
                CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2))
     log(f"building llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} from source, {build.mode} ISA "
-        f"(once per build key {build.key}; ~5-8 min on 2 cores)")
+        f"(once per build key {build.key}; about 3 min on 2 cores)")
     log(f"  CMAKE_ARGS={shlex.join(build.args)}")
     pip(python, "wheel", "--quiet", "--no-deps", "--no-cache-dir", "-w", str(build.folder),
         f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", env=env)

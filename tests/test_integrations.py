@@ -156,7 +156,7 @@ def test_llama_cpp_drafts_are_accepted_and_output_equals_its_own_prompt_lookup(l
     # both runs are llama-cpp-python's own loop, only the drafts differ: equal at temperature 0
     assert text == theirs
     # streamed, the same request drafts from the first one's history too: other verify batch widths,
-    # so llama.cpp's batch numerics may flip a near tie late in the prose (README, Exactness); the
+    # so llama.cpp's batch numerics may flip a near tie late in the prose (docs/exactness.md); the
     # copied code block must be the same
     assert streamed.split("```")[1] == text.split("```")[1]
 

@@ -3,8 +3,8 @@ whole and equal to their sequential results; beyond --max-queue clients get a qu
 answers throughout; a client dropped mid-stream frees the model within a step.
 
 Equality uses ``speculate: off``: on llama.cpp a position's logits depend slightly on the verify
-batch (README, "Exactness"), and with speculation the drafts (so the batches) depend on what the
-shared history saw first, which concurrency reorders. The latency figures the README quotes are
+batch (docs/exactness.md), and with speculation the drafts (so the batches) depend on what the
+shared history saw first, which concurrency reorders. The latency figures docs/server.md quotes are
 printed by the first test (``pytest -s``).
 """
 

@@ -39,7 +39,7 @@ from promptlookup.speculate import steps
 from promptlookup.telemetry import Counters
 from promptlookup.textout import TextTracker
 
-# What speculation does when nobody says: the best setting we measured (see the README's tables).
+# What speculation does when nobody says: the best setting we measured (docs/results.md).
 DEFAULT_SPECULATE = "auto"
 ROLES = ("system", "developer", "user", "assistant")  # "developer" is OpenAI's newer name for system
 __all__ = ["DEFAULT_SPECULATE", "MAX_STOPS", "MAX_STOP_CHARS", "ROLES", "Chunk", "Completion", "Engine",

@@ -142,8 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     g = sub.add_parser("generate", help="generate text (greedy or sampled), speculating by prompt lookup",
-                       description="Greedy or sampled generation: plain decoding by default, exact "
-                                   "speculation with a source flag or --speculate auto.")
+                       description="Greedy or sampled generation, speculating with --speculate auto by "
+                                   "default (drafting only where measured time says it pays); "
+                                   "--speculate off is plain decoding, --ngram/--lookup/--suffix one "
+                                   "source. The output is the model's own either way.")
     _add_model_args(g, backend=True)
     src = g.add_mutually_exclusive_group()
     src.add_argument("-p", "--prompt", help="prompt text")
@@ -405,8 +407,8 @@ STATS_SOURCES = {"lookup": "--source lookup", "ngram": "--source ngram", "suffix
 def _generate_spec(args: argparse.Namespace):
     from promptlookup.drafting.spec import SourceSpec
 
-    # auto is the default: on every workload of the bench it holds plain decoding's floor (README,
-    # "auto, closed on measured time"), the condition issue 15 set for it; --speculate off is plain.
+    # auto is the default: on every workload of the bench it holds plain decoding's floor
+    # (docs/results.md, "auto, closed on measured time"); --speculate off is plain decoding.
     name = next((n for n, on in (("ngram", args.ngram), ("lookup", args.lookup), ("suffix", args.suffix),
                                  ("off", args.speculate == "off")) if on), "auto")
     return SourceSpec.from_args(args, name, GENERATE_SOURCES)

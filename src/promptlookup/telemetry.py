@@ -1,7 +1,8 @@
 """Counters of one run and their three renderings: report lines, a CSV row, a JSON object.
 
 Counters are plain integers and seconds; every figure a report shows is derived from them here, so
-the lines, the CSV and the JSON can never disagree. The report lines follow seed 000: acceptance
+the lines, the CSV and the JSON can never disagree. The report lines follow the self-speculative
+loop's telemetry this project started from: acceptance
 and tokens per verify decode, drafting cost against the effective rate, and coverage (how many
 steps drafted at all), plus page faults and peak memory.
 """

@@ -54,7 +54,7 @@ def draft_length(spec: SourceSpec, asked: int | None, default: int) -> int:
     return asked
 
 
-DEFAULT_SOURCE = "auto"  # drafts where it pays, by the engine's own measured step times (README)
+DEFAULT_SOURCE = "auto"  # drafts where it pays, by the engine's own measured step times (docs/results.md)
 # The verify cost curve ``auto`` starts from when none can be measured (llama-cpp-python without
 # model_path=): cost of a verify feeding w tokens, in plain decodes, 1 + 0.35 (w - 1). That is about
 # the bundled model's measured CPU curve (9 tokens: 3.8 decodes at 2 threads), steeper than any GPU
