@@ -408,16 +408,17 @@ def test_prompt_file_that_is_a_directory(capsys, tmp_path):
     assert code == 2 and err == f"promptlookup: error: prompt file is a directory, not a file: {tmp_path}\n"
 
 
-def test_verify_reports_every_file(capsys, tmp_path):
+@pytest.mark.parametrize("command", ["check", "verify"])  # verify: the old name, an alias for a release
+def test_check_reports_every_file(capsys, tmp_path, command):
     a, c = _static(tmp_path / "a.plc"), _static(tmp_path / "c.plc")
     b = tmp_path / "b.plc"
     b.write_bytes(b"junk")
-    code, out, err = run_main(capsys, "verify", a, b, c)
+    code, out, err = run_main(capsys, command, a, b, c)
     assert code == 2
     assert out.splitlines() == [f"{a}: ok (2 2-grams, 3 followers, tokenizer {FP})",
                                 f"{c}: ok (2 2-grams, 3 followers, tokenizer {FP})"]
     assert err.splitlines() == [f"promptlookup: error: {b}: not a static cache (only 4 bytes, header is 64)",
-                                "promptlookup: 1 of 3 caches failed verification"]
+                                "promptlookup: 1 of 3 caches failed the check"]
 
 
 @pytest.mark.parametrize("cells, message", [

@@ -360,8 +360,9 @@ def _add_lookup_commands(sub) -> None:
                     help="draft source")
     st.add_argument("--suffix-corpus", metavar="FILE", help="corpus suffix-array index for --source suffix")
     st.add_argument("--json", action="store_true", help="print one JSON object")
-    st.add_argument("--verify", action="store_true",
-                    help="full body check of the static cache at open (reads the whole file)")
+    st.add_argument("--check-files", "--verify", dest="check_files", action="store_true",
+                    help="full body check of the static cache and corpus index at open (reads the whole "
+                         "file; --verify is its old name)")
     st.add_argument("--reference", action="store_true",
                     help="replay --lookup through the plain Python loop (the compiled loop's twin)")
     st.add_argument("--cost-curve", metavar="FILE",
@@ -369,9 +370,12 @@ def _add_lookup_commands(sub) -> None:
                          "'flat' for a GPU-like curve): fixed draft lengths, auto, and the hindsight oracle")
     st.set_defaults(func=cmd_stats)
 
-    v = sub.add_parser("verify", help="check a static cache file whole: body CRC and every invariant")
+    # "check", since "verify" is the model's batched forward everywhere else; "verify" stays an alias
+    # for a release
+    v = sub.add_parser("check", aliases=["verify"],
+                       help="check a static cache file whole: body CRC and every invariant")
     v.add_argument("caches", nargs="+", metavar="CACHE", help="static cache files (our format)")
-    v.set_defaults(func=cmd_verify)
+    v.set_defaults(func=cmd_check)
 
     ix = sub.add_parser("index", help="build a corpus suffix-array index for --suffix-corpus")
     _add_corpus_args(ix, "INDEX", "index file to write")
@@ -522,7 +526,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_verify(args: argparse.Namespace) -> int:
+def cmd_check(args: argparse.Namespace) -> int:
     from promptlookup.drafting.lookup.static_cache import verify_static
 
     bad = 0
@@ -536,7 +540,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(f"{path}: ok ({c.n_keys} 2-grams, {c.n_followers} followers, tokenizer {c.fingerprint})")
         c.close()
     if bad and len(args.caches) > 1:
-        print(f"promptlookup: {bad} of {len(args.caches)} caches failed verification", file=sys.stderr)
+        print(f"promptlookup: {bad} of {len(args.caches)} caches failed the check", file=sys.stderr)
     return 2 if bad else 0
 
 
@@ -561,7 +565,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     spec = SourceSpec.from_args(args, args.source, STATS_SOURCES)
     model = str(resolve_model(args.model))
     curve = curve_from_arg(args.cost_curve) if args.cost_curve else None  # bad input fails before the replay
-    st = run_stats(args.file, model, args.ctx_size, spec, verify=args.verify, reference=args.reference)
+    st = run_stats(args.file, model, args.ctx_size, spec, verify=args.check_files, reference=args.reference)
     if args.json:
         print(st.to_json())
     else:
