@@ -205,11 +205,11 @@ def test_ngram_max_match_is_bounded(capsys):
     for cmd in (["generate", "-p", "hi", "--ngram"], ["stats", "-f", "x", "--source", "ngram"]):
         code, _, err = run_parser(capsys, *cmd, "--ngram-max-match", "1000000000")
         assert code == 2 and "--ngram-max-match must be 1..1024, got 1000000000" in err
-    from promptlookup.drafting.ngram.source import SuffixMatchSource
+    from promptlookup.drafting.ngram.source import NgramSource
 
     with pytest.raises(ValueError, match="ngram max-match must be at most 1024, got 2000"):
-        SuffixMatchSource(3, 2000)
-    assert SuffixMatchSource(3, 1024).max_match == 1024
+        NgramSource(3, 2000)
+    assert NgramSource(3, 1024).max_match == 1024
 
 
 # -- 5 and 6. merge's blame; zero-byte and foreign files -------------------------------------------------

@@ -630,9 +630,9 @@ class AutoDrafter:
 
 def auto_sources(*extra: DraftSource | None) -> list[DraftSource]:
     """The sources ``auto`` weighs: the suffix matcher, ungated, plus any others the run has."""
-    from promptlookup.drafting.ngram.source import SuffixMatchSource
+    from promptlookup.drafting.ngram.source import NgramSource
 
-    return [SuffixMatchSource(min_match=1, max_match=AUTO_MAX_MATCH), *(s for s in extra if s is not None)]
+    return [NgramSource(min_match=1, max_match=AUTO_MAX_MATCH), *(s for s in extra if s is not None)]
 
 
 # --- the source vocabulary (promptlookup.drafting.spec): auto[:sources=ngram+lookup+suffix]

@@ -107,8 +107,9 @@ class TokenBuffer:
 class StepFeedback:
     """What one step that followed a proposal cost and gave: the loop's measured seconds.
 
-    ``verify_s`` is the verify call and its rollback (the replay charges its cost model's seconds
-    instead, see :func:`promptlookup.speculate.generate`); ``draft_s`` is everything else the step
+    ``verify_s`` is the verify call and its rollback (the cost simulation,
+    :mod:`promptlookup.measure.simulate`, charges its curve's seconds instead, see
+    :func:`promptlookup.speculate.generate`); ``draft_s`` is everything else the step
     spent on the source: being told the pending token, proposing, being told the confirmed tokens,
     and the previous feedback. Both count, because both are time a plain decode would not have
     spent."""

@@ -1,6 +1,6 @@
 """The A/B harness: every cell back to back in one process on one loaded model.
 
-Seed 000's tables are what make a speculation claim believable: the same workload run plainly and
+Tables like these are what make a speculation claim believable: the same workload run plainly and
 speculated, in an alternating order, with ``off`` at least twice so its spread is the noise band,
 and the effective rate (drafting included) beside acceptance, tokens per verify and coverage. Each
 speculated cell also says whether its output is token-identical to the first plain run.
@@ -21,8 +21,9 @@ finishes (:class:`CsvRows`), so an interrupted bench keeps what it measured.
 On llama.cpp a batched verify can round differently from one-token decodes, so a speculated cell's
 text may part from the plain text after some tokens (the "identical" column), and two cells then
 time two different texts: one text can be easier to copy than another. The summary therefore also
-gives each cell's **same-text replay** (:func:`replayed_speedups`): its speedup simulated on the
-plain output with the backend's cost curve, the comparison of sources that no text luck moves.
+gives each cell's **same-text replay** (:func:`replayed_speedups`): its speedup in the cost
+simulation (:mod:`promptlookup.measure.simulate`) on the plain output with the backend's cost curve,
+the comparison of sources that no text luck moves.
 """
 
 from __future__ import annotations
