@@ -7,13 +7,8 @@ from fakes import FakeModel
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from promptlookup.drafting.auto import (
-    AcceptanceModel,
-    AutoDrafter,
-    best_length,
-    expected_tokens,
-    match_bucket,
-)
+from promptlookup.drafting.auto.acceptance import AcceptanceModel, best_length, expected_tokens, match_bucket
+from promptlookup.drafting.auto.controller import AutoDrafter
 from promptlookup.drafting.base import Draft
 from promptlookup.drafting.ngram.source import NgramSource
 from promptlookup.speculate import generate
@@ -238,7 +233,7 @@ def test_choices_are_judged_on_conservative_acceptance():
 
 
 def test_step_times_ignore_a_spike_but_follow_a_new_level():
-    from promptlookup.drafting.auto import StepTimes
+    from promptlookup.drafting.auto.timing import StepTimes
 
     t = StepTimes([1.0, 2.0, 3.0])
     for _ in range(20):
@@ -257,7 +252,7 @@ def test_step_times_ignore_a_spike_but_follow_a_new_level():
 
 
 def test_step_times_charge_the_slow_plain_steps_after_drafting_to_the_draft():
-    from promptlookup.drafting.auto import StepTimes
+    from promptlookup.drafting.auto.timing import StepTimes
 
     t = StepTimes([1.0, 2.0, 3.0])
     for _ in range(20):
@@ -326,7 +321,7 @@ def test_sources_are_told_the_tokens_when_asked_and_before_a_new_request():
 
 
 def test_a_source_that_never_wins_is_asked_only_now_and_then():
-    from promptlookup.drafting.auto import IDLE_AFTER, PROBE_EVERY
+    from promptlookup.drafting.auto.controller import IDLE_AFTER, PROBE_EVERY
 
     steep = [1.0, 1.74, 2.08, 2.46, 3.10]
     auto = AutoDrafter([Scripted([(99,)] * 200)], steep, max_draft=4, model=AcceptanceModel(prior_mean=0.3))

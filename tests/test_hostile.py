@@ -133,7 +133,7 @@ def test_kv_estimate_of_the_bundled_model():
     ("[0.01, 0.02, 1000]", "cost curve spans more than a factor 10000"),
 ])
 def test_hostile_cost_curves_are_clean_errors(tmp_path, text, message):
-    from promptlookup.measure.costs import CostCurve, CostCurveError
+    from promptlookup.costcurve import CostCurve, CostCurveError
 
     p = tmp_path / "c.json"
     p.write_text(text)
@@ -170,7 +170,8 @@ class _TimedFake:
 
 
 def test_bad_cached_curve_is_measured_again_with_a_warning(tmp_path, monkeypatch, capsys):
-    from promptlookup.measure import costs
+    from promptlookup.backends import costs
+    from promptlookup.costcurve import CostCurve
 
     monkeypatch.setenv("PROMPTLOOKUP_CACHE", str(tmp_path / "cache"))
     model = tmp_path / "m.gguf"
@@ -181,7 +182,7 @@ def test_bad_cached_curve_is_measured_again_with_a_warning(tmp_path, monkeypatch
     path.write_text("[" + "9" * 400 + "]")
     curve = costs.cached_cost_curve(backend, max_tokens=3)
     assert len(curve.seconds) == 3
-    assert costs.CostCurve.load(path).seconds == curve.seconds  # the cache entry was replaced
+    assert CostCurve.load(path).seconds == curve.seconds  # the cache entry was replaced
     err = capsys.readouterr().err
     assert err.startswith("promptlookup: warning: cached cost curve unusable, measuring it again (")
     assert "a number of 400 characters is out of range" in err

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from promptlookup.drafting.auto import AutoDrafter
+from promptlookup.costcurve import CostCurve, CostCurveError
+from promptlookup.drafting.auto.controller import AutoDrafter
 from promptlookup.drafting.ngram.source import NgramSource
-from promptlookup.measure.costs import CostCurve, CostCurveError
 from promptlookup.measure.simulate import acceptable_lengths, oracle, simulate, sweep
 
 STEEP = CostCurve((1.0, 1.74, 2.08, 2.46, 3.10, 3.53, 3.91, 4.0, 4.65))

@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from promptlookup.backends.base import common_prefix
+from promptlookup.backends.costs import cached_cost_curve
+from promptlookup.drafting.base import report_of
 from promptlookup.drafting.spec import OFF, Run, SourceSpec, SpecError, save_state, source_factory
 from promptlookup.errors import InputError, UsageError
 from promptlookup.sampling import Sampler, SamplingParams, TokenLogprob
@@ -215,7 +217,7 @@ class Engine:
         else:
             history = History(budget=budget or DEFAULT_BUDGET, fingerprint=fp)
         self.history = history
-        self.run = Run.for_backend(self.backend)
+        self.run = Run.for_backend(self.backend, lambda: cached_cost_curve(self.backend))
         self.run.history = history
         self.source_for(self.default_spec)  # open its files (and measure auto's curve) now, not mid-request
 
@@ -423,9 +425,8 @@ def check_messages(messages: Any) -> list[dict[str, str]]:
 
 def _choices(source: Any) -> dict[str, int]:
     """auto's count of steps drafted per source so far (empty for a fixed source)."""
-    from promptlookup.drafting.auto import AutoDrafter
-
-    return dict(source.calibration.per_source) if isinstance(source, AutoDrafter) else {}
+    report = report_of(source)
+    return dict(report["per_source"]) if report is not None else {}
 
 
 def _choice_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:

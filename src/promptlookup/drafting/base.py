@@ -122,7 +122,12 @@ class StepFeedback:
 
 @runtime_checkable
 class DraftSource(Protocol):
-    """What the speculative loop needs of a source."""
+    """What the speculative loop needs of a source.
+
+    One method is optional, so not declared here (a fixed source has nothing to say):
+    ``report() -> dict``, what the source chose so far, with a one-line ``summary``. ``auto``
+    answers it (its drafted steps per source, its calibration); callers ask through
+    :func:`report_of`, never by the source's class."""
 
     name: str
 
@@ -141,6 +146,13 @@ class DraftSource(Protocol):
     def feedback(self, step: StepFeedback) -> None:
         """After a step that followed :meth:`propose`: what it cost and confirmed (a no-op for a
         source whose proposals do not depend on time; the controller ``auto`` learns from it)."""
+
+
+def report_of(source: object) -> dict | None:
+    """``source.report()`` where the source has one (``auto``), else None: how the CLI, the bench and
+    the API read a controller's choices without knowing its class."""
+    report = getattr(source, "report", None)
+    return report() if callable(report) else None
 
 
 class NoDraft:

@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from promptlookup.backends.text import TextBackend
+from promptlookup.costcurve import CostCurve
 from promptlookup.drafting.base import DraftSource
-from promptlookup.measure.costs import CostCurve
 from promptlookup.speculate import generate
 
 
@@ -167,7 +167,7 @@ def simulate_text(tokens: Sequence[int], n_ctx: int, curve: CostCurve,
 
 
 def report_table(results: Sequence[SimResult], curve: CostCurve) -> str:
-    from promptlookup.measure.costs import describe
+    from promptlookup.costcurve import describe
 
     lines = [f"cost curve ({curve.label or 'unnamed'}): {describe(curve)}",
              "| policy | steps | drafted | accepted | accept % | cost (plain decodes) | speedup |",

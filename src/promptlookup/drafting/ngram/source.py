@@ -188,6 +188,11 @@ class NgramSource(TokenBuffer):
 
 # --- the source vocabulary (promptlookup.drafting.spec): ngram[:draft=N][:min=N][:max=N] ---
 
+# auto always weighs its own ngram (drafting/auto/source.py), ungated: the controller's match buckets
+# judge every match, and it measures matches up to AUTO_MAX_MATCH tokens long, since past 16 tokens a
+# match is still getting more reliable.
+AUTO_WEIGHED = "always"
+AUTO_MAX_MATCH = 64
 OPTIONS = {
     "draft": DRAFT,
     "min": Option(int, DEFAULT_MIN_MATCH, 1, MAX_MATCH_LIMIT, "--ngram-min-match"),
@@ -204,3 +209,8 @@ def check(spec: SourceSpec) -> None:
 def factory(spec: SourceSpec, run: Run) -> Callable[[], NgramSource]:
     lo, hi = spec.value("min"), spec.value("max")
     return lambda: NgramSource(lo, hi)
+
+
+def auto_factory(spec: SourceSpec, run: Run) -> Callable[[], NgramSource]:
+    """The ngram ``auto`` weighs, whatever ``spec`` (auto's) says: ungated, matches up to 64 tokens."""
+    return lambda: NgramSource(min_match=1, max_match=AUTO_MAX_MATCH)
