@@ -22,7 +22,7 @@ import numpy as np
 
 from promptlookup.backends.llama_cpp import LlamaCppBackend
 from promptlookup.backends.models import bundled_model_path
-from promptlookup.drafting.ngram.source import SuffixMatchSource
+from promptlookup.drafting.ngram.source import NgramSource
 from promptlookup.speculate import generate
 
 WORKLOADS = Path(__file__).parent / "workloads"
@@ -71,7 +71,7 @@ def main() -> None:
     print("|---|---|---|---|")
     for name, prompt in prompts.items():
         plain = generate(b, prompt, args.n).tokens
-        spec = generate(b, prompt, args.n, source=SuffixMatchSource(), draft=3).tokens
+        spec = generate(b, prompt, args.n, source=NgramSource(), draft=3).tokens
         first = next((i for i, (x, y) in enumerate(zip(plain, spec, strict=False)) if x != y), None)
         same = plain == spec
         where = "-" if first is None else str(first)

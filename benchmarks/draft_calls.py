@@ -73,7 +73,7 @@ def propose_us(make, prompt: np.ndarray, follow: np.ndarray, k: int, calls: int 
 def main(argv: list[str] | None = None) -> int:
     from promptlookup.drafting.lookup.source import LookupSource
     from promptlookup.drafting.lookup.static_cache import build_static
-    from promptlookup.drafting.ngram.source import SuffixMatchSource
+    from promptlookup.drafting.ngram.source import NgramSource
     from promptlookup.drafting.suffix.history import History
     from promptlookup.drafting.suffix.source import SuffixSource
     from promptlookup.measure.replay_lookup import replay_lookup
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         return SuffixSource(history=h, n_vocab=args.vocab)
 
     cases = {
-        "ngram": lambda: SuffixMatchSource(),
+        "ngram": lambda: NgramSource(),
         "lookup": lambda: LookupSource(),
         "lookup+static": lambda: LookupSource(static=static),
         "suffix+history": with_history,

@@ -256,14 +256,14 @@ def ngram_per_call(model: str, text: str, lock: str, context: int = 32768, calls
     import numpy as np
 
     from promptlookup.build.tokenizers import VocabTokenizer
-    from promptlookup.drafting.ngram.source import SuffixMatchSource, suffix_match
+    from promptlookup.drafting.ngram.source import NgramSource, ngram_match
 
     toks = VocabTokenizer(model).tokenize(Path(text).read_bytes()).tolist()
     if len(toks) < context + calls:
         calls = max(100, len(toks) - context)
     out = {}
     with BenchLock(lock):
-        src = SuffixMatchSource()
+        src = NgramSource()
         src.reset(toks[:context])
         src.propose(3)  # indexes the 32k-token prompt once, as a request's prefill would
         perf = time.perf_counter
@@ -281,7 +281,7 @@ def ngram_per_call(model: str, text: str, lock: str, context: int = 32768, calls
         buf = np.asarray(toks[: context + calls], dtype=np.int32)
         t0 = perf()
         for i in range(context, context + min(calls, 2000)):
-            suffix_match(buf, i, 16)
+            ngram_match(buf, i, 16)
         out["ngram_scan_us_per_call"] = 1e6 * (perf() - t0) / min(calls, 2000)
     out["ngram_calls"], out["ngram_drafted"] = calls, drafted
     return out

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from promptlookup.drafting.base import Draft, StepFeedback
-from promptlookup.drafting.ngram.source import SuffixMatchSource
+from promptlookup.drafting.ngram.source import NgramSource
 from promptlookup.drafting.suffix.history import History
 from promptlookup.drafting.suffix.source import SuffixSource
 from promptlookup.measure.replay import replay
@@ -149,7 +149,7 @@ def sources(arctic, n_vocab: int, history_budget: int, which: set[str],
     an opened corpus index, for a ``suffix (history + corpus)`` row.
     """
     out = [
-        ("ngram", lambda: SuffixMatchSource()),
+        ("ngram", lambda: NgramSource()),
         ("suffix (request only)", lambda: SuffixSource(n_vocab=n_vocab)),
         ("suffix (with history)",
          lambda: SuffixSource(history=History(budget=history_budget), n_vocab=n_vocab)),

@@ -15,9 +15,9 @@ from __future__ import annotations
 import argparse
 import statistics
 
+from promptlookup.backends.costs import measure_cost_curve
 from promptlookup.backends.models import bundled_model_path
 from promptlookup.backends.transformers import DEFAULT_PAD_TO, TransformersBackend
-from promptlookup.measure.costs import measure_cost_curve
 
 
 def main() -> None:

@@ -70,7 +70,7 @@ def _index_bytes(tmp: Path, rng: random.Random) -> bytes:
 
 
 def _curve_bytes() -> bytes:
-    from promptlookup.measure.costs import CostCurve
+    from promptlookup.costcurve import CostCurve
 
     seconds = (0.010, 0.018, 0.021, 0.025, 0.030, 0.034, 0.040, 0.043, 0.045)
     return CostCurve(seconds, "fuzz").to_json().encode()
@@ -313,7 +313,7 @@ def _check_index(path: Path, data: bytes, ctx: dict[str, Any]) -> str:
 def _check_curve(path: Path, data: bytes, ctx: dict[str, Any]) -> str:
     import math
 
-    from promptlookup.measure.costs import CostCurve, CostCurveError
+    from promptlookup.costcurve import CostCurve, CostCurveError
 
     try:
         curve = CostCurve.load(path)

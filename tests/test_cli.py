@@ -179,13 +179,13 @@ def test_streamed_text_equals_the_json_text(capsys):
 @requires_model
 @pytest.mark.model
 def test_curve_measures_caches_and_writes(capsys, tmp_path, monkeypatch):
-    import promptlookup.measure.costs as costs
+    from promptlookup.costcurve import CostCurve
 
     monkeypatch.setenv("PROMPTLOOKUP_CACHE", str(tmp_path / "cache"))
     out_file = tmp_path / "curve.json"
     code, out, _ = run_main(capsys, "curve", "--max-tokens", "3", "-o", str(out_file))
     assert code == 0 and out.startswith("1:1.00x 2:")
-    curve = costs.CostCurve.load(out_file)
+    curve = CostCurve.load(out_file)
     assert len(curve.seconds) == 3 and all(s > 0 for s in curve.seconds)
     assert len(list((tmp_path / "cache" / "cost-curves").glob("*.json"))) == 1
 

@@ -7,15 +7,10 @@ from fakes import FakeModel
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from promptlookup.drafting.auto import (
-    AcceptanceModel,
-    AutoDrafter,
-    best_length,
-    expected_tokens,
-    match_bucket,
-)
+from promptlookup.drafting.auto.acceptance import AcceptanceModel, best_length, expected_tokens, match_bucket
+from promptlookup.drafting.auto.controller import AutoDrafter
 from promptlookup.drafting.base import Draft
-from promptlookup.drafting.ngram.source import SuffixMatchSource
+from promptlookup.drafting.ngram.source import NgramSource
 from promptlookup.speculate import generate
 
 
@@ -100,7 +95,7 @@ def test_auto_is_exact(prompt, n, flat):
     model = FakeModel(n_vocab=6, window=2)
     curve = [1.0] * 9 if flat else [1.0, 1.74, 2.08, 2.46, 3.1, 3.53, 3.91, 4.0, 4.65]
     expected = generate(FakeModel(n_vocab=6, window=2), prompt, n).tokens
-    auto = AutoDrafter([SuffixMatchSource(min_match=1), SuffixMatchSource(min_match=3)], curve)
+    auto = AutoDrafter([NgramSource(min_match=1), NgramSource(min_match=3)], curve)
     assert generate(model, prompt, n, source=auto, draft=8).tokens == expected
     cal = auto.calibration
     assert cal.chosen_steps <= cal.steps
@@ -110,7 +105,7 @@ def test_auto_refuses_bad_configuration():
     with pytest.raises(ValueError, match="at least one draft source"):
         AutoDrafter([], [1.0, 2.0])
     with pytest.raises(ValueError, match="cost curve"):
-        AutoDrafter([SuffixMatchSource()], [1.0])
+        AutoDrafter([NgramSource()], [1.0])
 
 
 def _widths(model: FakeModel) -> list[int]:
@@ -126,7 +121,7 @@ def _run_auto(cost, n=240, curve=(1.0,) * 9):
     """auto on the repetitive fake text, told that drafting is free (a flat curve), while the
     loop's clock charges ``cost(width)`` seconds per verify."""
     model = FakeModel(**FAKE)
-    auto = AutoDrafter([SuffixMatchSource(min_match=1)], list(curve))
+    auto = AutoDrafter([NgramSource(min_match=1)], list(curve))
     gen = generate(model, PROMPT, n, source=auto, draft=8, verify_seconds=cost)
     assert gen.tokens == generate(FakeModel(**FAKE), PROMPT, n).tokens
     return _widths(model), auto
@@ -192,7 +187,7 @@ def test_auto_on_measured_wall_time(draft_s, drafts):
     # clock is simulated, so the verdict cannot depend on the machine's load.
     clock = SimClock()
     model = SlowVerify(0.002, draft_s, clock)
-    auto = AutoDrafter([SuffixMatchSource(min_match=1)], [1.0] * 9)
+    auto = AutoDrafter([NgramSource(min_match=1)], [1.0] * 9)
     gen = generate(model, PROMPT, 160, source=auto, draft=8, clock=clock)
     assert gen.tokens == generate(FakeModel(**FAKE), PROMPT, 160).tokens
     assert gen.counters.decode_s == pytest.approx(sum(
@@ -210,7 +205,7 @@ def test_auto_is_exact_under_any_measured_cost(prompt, n, costs, seed):
     # Whatever the clock says (the feedback steers every choice), the output is plain greedy's.
     model = FakeModel(n_vocab=6, window=2, seed=seed)
     expected = generate(FakeModel(n_vocab=6, window=2, seed=seed), prompt, n).tokens
-    auto = AutoDrafter([SuffixMatchSource(min_match=1), SuffixMatchSource(min_match=3)],
+    auto = AutoDrafter([NgramSource(min_match=1), NgramSource(min_match=3)],
                        [1.0, 1.74, 2.08, 2.46, 3.1, 3.53, 3.91, 4.0, 4.65])
     got = generate(model, prompt, n, source=auto, draft=8, verify_seconds=lambda w: costs[w - 1])
     assert got.tokens == expected
@@ -238,7 +233,7 @@ def test_choices_are_judged_on_conservative_acceptance():
 
 
 def test_step_times_ignore_a_spike_but_follow_a_new_level():
-    from promptlookup.drafting.auto import StepTimes
+    from promptlookup.drafting.auto.timing import StepTimes
 
     t = StepTimes([1.0, 2.0, 3.0])
     for _ in range(20):
@@ -257,7 +252,7 @@ def test_step_times_ignore_a_spike_but_follow_a_new_level():
 
 
 def test_step_times_charge_the_slow_plain_steps_after_drafting_to_the_draft():
-    from promptlookup.drafting.auto import StepTimes
+    from promptlookup.drafting.auto.timing import StepTimes
 
     t = StepTimes([1.0, 2.0, 3.0])
     for _ in range(20):
@@ -326,7 +321,7 @@ def test_sources_are_told_the_tokens_when_asked_and_before_a_new_request():
 
 
 def test_a_source_that_never_wins_is_asked_only_now_and_then():
-    from promptlookup.drafting.auto import IDLE_AFTER, PROBE_EVERY
+    from promptlookup.drafting.auto.controller import IDLE_AFTER, PROBE_EVERY
 
     steep = [1.0, 1.74, 2.08, 2.46, 3.10]
     auto = AutoDrafter([Scripted([(99,)] * 200)], steep, max_draft=4, model=AcceptanceModel(prior_mean=0.3))

@@ -133,7 +133,7 @@ def test_kv_estimate_of_the_bundled_model():
     ("[0.01, 0.02, 1000]", "cost curve spans more than a factor 10000"),
 ])
 def test_hostile_cost_curves_are_clean_errors(tmp_path, text, message):
-    from promptlookup.measure.costs import CostCurve, CostCurveError
+    from promptlookup.costcurve import CostCurve, CostCurveError
 
     p = tmp_path / "c.json"
     p.write_text(text)
@@ -174,7 +174,8 @@ class _TimedFake:
 
 
 def test_bad_cached_curve_is_measured_again_with_a_warning(tmp_path, monkeypatch, capsys):
-    from promptlookup.measure import costs
+    from promptlookup.backends import costs
+    from promptlookup.costcurve import CostCurve
 
     monkeypatch.setenv("PROMPTLOOKUP_CACHE", str(tmp_path / "cache"))
     model = tmp_path / "m.gguf"
@@ -185,7 +186,7 @@ def test_bad_cached_curve_is_measured_again_with_a_warning(tmp_path, monkeypatch
     path.write_text("[" + "9" * 400 + "]")
     curve = costs.cached_cost_curve(backend, max_tokens=3)
     assert len(curve.seconds) == 3
-    assert costs.CostCurve.load(path).seconds == curve.seconds  # the cache entry was replaced
+    assert CostCurve.load(path).seconds == curve.seconds  # the cache entry was replaced
     err = capsys.readouterr().err
     assert err.startswith("promptlookup: warning: cached cost curve unusable, measuring it again (")
     assert "a number of 400 characters is out of range" in err
@@ -209,11 +210,11 @@ def test_ngram_max_match_is_bounded(capsys):
     for cmd in (["generate", "-p", "hi", "--ngram"], ["stats", "-f", "x", "--source", "ngram"]):
         code, _, err = run_parser(capsys, *cmd, "--ngram-max-match", "1000000000")
         assert code == 2 and "--ngram-max-match must be 1..1024, got 1000000000" in err
-    from promptlookup.drafting.ngram.source import SuffixMatchSource
+    from promptlookup.drafting.ngram.source import NgramSource
 
     with pytest.raises(ValueError, match="ngram max-match must be at most 1024, got 2000"):
-        SuffixMatchSource(3, 2000)
-    assert SuffixMatchSource(3, 1024).max_match == 1024
+        NgramSource(3, 2000)
+    assert NgramSource(3, 1024).max_match == 1024
 
 
 # -- 5 and 6. merge's blame; zero-byte and foreign files -------------------------------------------------

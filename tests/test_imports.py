@@ -112,3 +112,56 @@ def test_drafting_imports_neither_the_loop_nor_a_backend():
     bad = [f"{name} imports {m}" for name in graph if name.startswith("promptlookup.drafting")
            for m in graph[name] if m == "promptlookup.speculate" or m.startswith("promptlookup.backends")]
     assert not bad, "\n".join(bad)
+
+
+def _unit(module: str) -> str:
+    """The package a module belongs to (``promptlookup.drafting.ngram.index`` -> ``drafting``); a
+    top-level module (``api``, ``costcurve``...) is a unit of its own, so a cycle through one counts."""
+    parts = module.split(".")
+    inside = len(parts) > 2 or MODULES[module].name == "__init__.py"
+    return parts[1] if inside and len(parts) > 1 else module
+
+
+def _unit_graph() -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for name, deps in _graph().items():
+        unit = _unit(name)
+        out.setdefault(unit, set()).update(u for u in map(_unit, deps) if u != unit)
+    return out
+
+
+def _reach(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Every unit each unit reaches, directly or through others (a transitive closure)."""
+    reach = {u: set(deps) for u, deps in graph.items()}
+    changed = True
+    while changed:
+        changed = False
+        for seen in reach.values():
+            more = set().union(*(reach.get(v, set()) for v in seen)) - seen
+            if more:
+                seen |= more
+                changed = True
+    return reach
+
+
+def test_drafting_backends_and_measure_form_no_package_cycle():
+    """The layers stay layers: ``measure`` replays and times drafting on backends, so neither
+    ``drafting`` nor ``backends`` may import ``measure``, nor reach it through another package or a
+    top-level module, not even in a function-level import (every import statement counts, see
+    :func:`_imports`). What they share (the verify cost curve) lives in a top-level module of its
+    own, :mod:`promptlookup.costcurve`."""
+    reach = _reach(_unit_graph())
+    bad = sorted(f"{p} reaches {q}, which reaches it back" for p in ("drafting", "backends", "measure")
+                 for q in reach[p] if q != p and p in reach.get(q, ()))
+    assert not bad, "package cycles:\n" + "\n".join(bad)
+    assert "measure" not in reach["drafting"] | reach["backends"]
+    assert "backends" not in reach["drafting"]
+
+
+def test_the_package_graph_sees_function_level_imports():
+    """The walk counts an import inside a function: ``api`` reaches ``drafting.suffix.history`` only
+    from inside ``Engine._bind``; units are packages, or top-level modules on their own."""
+    assert "promptlookup.drafting.suffix.history" in _graph()["promptlookup.api"]
+    assert _unit("promptlookup.drafting.ngram.index") == "drafting" == _unit("promptlookup.drafting")
+    assert _unit("promptlookup.costcurve") == "promptlookup.costcurve"
+    assert {"drafting", "backends", "measure"} <= set(_unit_graph())

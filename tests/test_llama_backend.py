@@ -7,7 +7,7 @@ import pytest
 from conftest import requires_model
 
 from promptlookup.backends.base import BackendError
-from promptlookup.drafting.ngram.source import SuffixMatchSource
+from promptlookup.drafting.ngram.source import NgramSource
 from promptlookup.speculate import generate
 
 pytestmark = [requires_model, pytest.mark.model]
@@ -42,7 +42,7 @@ def test_every_emitted_token_is_the_argmax_of_its_logits(real_backend):
     b.record_logits = True
     try:
         prompt = copy_prompt(b)
-        got = generate(b, prompt, 60, source=SuffixMatchSource(min_match=2), draft=4)
+        got = generate(b, prompt, 60, source=NgramSource(min_match=2), draft=4)
         last_row = {pos: row for pos, row in b.recorded}  # the last decode of each position wins
     finally:
         b.record_logits = False
@@ -62,7 +62,7 @@ def test_plain_decoding_never_widens_the_batch(real_backend):
 
 def test_copy_prompt_speculation_accepts_drafts(real_backend):
     prompt = copy_prompt(real_backend)
-    c = generate(real_backend, prompt, 64, source=SuffixMatchSource(), draft=3).counters
+    c = generate(real_backend, prompt, 64, source=NgramSource(), draft=3).counters
     assert c.accepted_tokens >= 10
     assert c.generated_tokens == 64 or c.decodes < 64
 
@@ -101,7 +101,7 @@ def test_every_sampled_token_is_the_samplers_choice_on_its_logits(real_backend):
     b.record_logits = True
     try:
         prompt = copy_prompt(b)
-        got = generate(b, prompt, 60, source=SuffixMatchSource(min_match=2), draft=4,
+        got = generate(b, prompt, 60, source=NgramSource(min_match=2), draft=4,
                        sampler=Sampler(params, 7))
         last_row = {pos: row for pos, row in b.recorded}
     finally:
@@ -127,7 +127,7 @@ def test_the_same_seed_repeats_a_sampled_run(real_backend):
 
     params = SamplingParams(temp=0.9)
     prompt = copy_prompt(real_backend)
-    runs = [generate(real_backend, prompt, 40, source=SuffixMatchSource(), draft=3,
+    runs = [generate(real_backend, prompt, 40, source=NgramSource(), draft=3,
                      sampler=Sampler(params, 11)).tokens for _ in range(2)]
     assert runs[0] == runs[1]
     other = generate(real_backend, prompt, 40, sampler=Sampler(SamplingParams(temp=1.5), 12)).tokens

@@ -6,7 +6,7 @@ import pytest
 
 from promptlookup.drafting.lookup.cache import DictNgramCache
 from promptlookup.drafting.lookup.source import LookupSource, draft_reference
-from promptlookup.drafting.ngram.source import SuffixMatchSource, suffix_draft_reference
+from promptlookup.drafting.ngram.source import NgramSource, ngram_draft_reference
 from promptlookup.measure.replay import replay
 
 TEXT = [1, 2, 3] * 5 + [1, 2]  # 17 tokens: two chunks of 8 replayed, one token left over
@@ -60,7 +60,7 @@ def _lookup_ref(out, k, state):
 
 
 def _ngram_ref(out, k, state):
-    return suffix_draft_reference(out, k)
+    return ngram_draft_reference(out, k)
 
 
 @pytest.mark.parametrize(("n_ctx", "n_draft"), [(8, 2), (16, 3), (32, 8)])
@@ -74,11 +74,11 @@ def test_replay_matches_plain_transliteration(n_ctx, n_draft):
     fresh = lambda: {"dynamic": DictNgramCache()}  # noqa: E731
     st = replay(text, n_ctx, n_draft, LookupSource)
     assert (st.n_drafted, st.n_accept) == plain_lookup_stats(text, n_ctx, n_draft, _lookup_ref, fresh)
-    st = replay(text, n_ctx, n_draft, SuffixMatchSource)
+    st = replay(text, n_ctx, n_draft, NgramSource)
     assert st.source == "ngram"
     assert (st.n_drafted, st.n_accept) == plain_lookup_stats(text, n_ctx, n_draft, _ngram_ref, fresh)
 
 
 def test_ngram_replay_counts():
-    st = replay(TEXT, n_ctx=8, n_draft=2, source_factory=SuffixMatchSource)
+    st = replay(TEXT, n_ctx=8, n_draft=2, source_factory=NgramSource)
     assert (st.n_chunks, st.n_drafted, st.n_accept) == (2, 4, 4)

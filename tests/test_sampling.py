@@ -15,7 +15,7 @@ from fakes import LogitsFakeModel, RandomDrafts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from promptlookup.drafting.ngram.source import SuffixMatchSource
+from promptlookup.drafting.ngram.source import NgramSource
 from promptlookup.sampling import (
     Sampler,
     SamplingParams,
@@ -230,7 +230,7 @@ def test_greedy_through_the_sampler_is_todays_greedy():
     model = LogitsFakeModel(n_vocab=20, window=2)
     prompt = [1, 2, 3, 1, 2]
     plain = generate(model, prompt, 40)
-    for source in (None, SuffixMatchSource(min_match=1)):
+    for source in (None, NgramSource(min_match=1)):
         greedy = Sampler(SamplingParams(temp=0.0), 3)
         got = generate(model, prompt, 40, source=source, draft=4, sampler=greedy)
         assert got.tokens == plain.tokens
@@ -252,7 +252,7 @@ def test_logprobs_are_the_raw_model_distribution_and_survive_speculation():
     prompt = [1, 2, 3, 1, 2, 3, 1]
     params = SamplingParams(temp=0.9, top_k=10)
     plain = generate(model, prompt, 30, sampler=Sampler(params, 5, logprobs=3))
-    spec = generate(model, prompt, 30, source=SuffixMatchSource(min_match=1), draft=5,
+    spec = generate(model, prompt, 30, source=NgramSource(min_match=1), draft=5,
                     sampler=Sampler(params, 5, logprobs=3))
     assert spec.tokens == plain.tokens and spec.logprobs == plain.logprobs
     seq = list(prompt)

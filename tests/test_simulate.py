@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from promptlookup.drafting.auto import AutoDrafter
-from promptlookup.drafting.ngram.source import SuffixMatchSource
-from promptlookup.measure.costs import CostCurve, CostCurveError
+from promptlookup.costcurve import CostCurve, CostCurveError
+from promptlookup.drafting.auto.controller import AutoDrafter
+from promptlookup.drafting.ngram.source import NgramSource
 from promptlookup.measure.simulate import acceptable_lengths, oracle, simulate, sweep
 
 STEEP = CostCurve((1.0, 1.74, 2.08, 2.46, 3.10, 3.53, 3.91, 4.0, 4.65))
@@ -26,13 +26,13 @@ def test_repeating_text_exact_costs():
     cont = [1, 2, 3, 4, 1, 2, 3, 4]
     # Steps after the first token (1): the match of "4 1" -> drafts 2 3 4 (k=3) all right, then
     # the next token comes with them; width 4 per step.
-    r = simulate(prompt, cont, SuffixMatchSource(min_match=1), 3, CostCurve.flat())
+    r = simulate(prompt, cont, NgramSource(min_match=1), 3, CostCurve.flat())
     assert r.accepted_tokens == r.drafted_tokens
     assert r.steps == 2 and r.cost == 2.0 and r.speedup == pytest.approx(7 / 2)
 
 
 def test_acceptable_lengths_exact():
-    offers = acceptable_lengths([5, 6, 7], [5, 6, 9], SuffixMatchSource(min_match=1), 8)
+    offers = acceptable_lengths([5, 6, 7], [5, 6, 9], NgramSource(min_match=1), 8)
     # q=3 (token 5): match "5" at 0 -> offers 6 7 5, text says 6 9 -> 1 accepted
     # q=4 (token 6): match "5 6" at 1 -> offers 7 5 6, text says 9 -> 0
     # q=5 (token 9): no match
@@ -44,10 +44,10 @@ def test_acceptable_lengths_exact():
 def test_oracle_is_at_least_every_fixed_length_and_auto(text, flat):
     curve = CostCurve.flat(9) if flat else STEEP
     prompt, cont = text[:2], text[2:]
-    best = oracle(prompt, cont, SuffixMatchSource(min_match=1), 8, curve)
-    for r in sweep(prompt, cont, lambda: SuffixMatchSource(min_match=1), curve, (1, 2, 3, 8)):
+    best = oracle(prompt, cont, NgramSource(min_match=1), 8, curve)
+    for r in sweep(prompt, cont, lambda: NgramSource(min_match=1), curve, (1, 2, 3, 8)):
         assert best.cost <= r.cost + 1e-9
-    auto = simulate(prompt, cont, AutoDrafter([SuffixMatchSource(min_match=1)], curve.relative(9)), 8,
+    auto = simulate(prompt, cont, AutoDrafter([NgramSource(min_match=1)], curve.relative(9)), 8,
                     curve)
     assert best.cost <= auto.cost + 1e-9
 
@@ -72,8 +72,8 @@ def test_cost_curve_files(tmp_path):
 
 def test_multi_source_oracle_takes_the_better_offer_each_step():
     prompt, cont = [1, 2, 3, 9, 1, 2, 3, 7, 5], [1, 2, 3, 7, 5, 1, 2]
-    one = oracle(prompt, cont, SuffixMatchSource(min_match=1), 8, CostCurve.flat())
-    both = oracle(prompt, cont, [SuffixMatchSource(min_match=1), SuffixMatchSource(min_match=3)], 8,
+    one = oracle(prompt, cont, NgramSource(min_match=1), 8, CostCurve.flat())
+    both = oracle(prompt, cont, [NgramSource(min_match=1), NgramSource(min_match=3)], 8,
                   CostCurve.flat())
     assert both.cost <= one.cost
 
@@ -83,8 +83,8 @@ def test_simulate_text_chunks_and_labels():
 
     tokens = [1, 2, 3, 4] * 30
     res = simulate_text(tokens, 40, CostCurve.flat(9),
-                        {"ngram 3": (lambda: SuffixMatchSource(min_match=1), 3)},
-                        oracle_sources=lambda: [SuffixMatchSource(min_match=1)])
+                        {"ngram 3": (lambda: NgramSource(min_match=1), 3)},
+                        oracle_sources=lambda: [NgramSource(min_match=1)])
     assert [r.label for r in res] == ["ngram 3", "oracle"]
     # two whole chunks of 40 (the third has no token after it), 39 tokens to produce in each
     assert res[0].tokens == 78 and res[0].plain_cost == 76

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from promptlookup.drafting.base import Draft
-from promptlookup.drafting.ngram.source import SuffixMatchSource
+from promptlookup.drafting.ngram.source import NgramSource
 from promptlookup.speculate import generate
 
 
@@ -72,7 +72,7 @@ def test_speculative_equals_plain_greedy_for_any_drafts(prompt, n, draft, seed, 
 def test_suffix_source_is_exact(prompt, n, draft, min_match):
     model = FakeModel(n_vocab=5, window=2)
     expected = plain_greedy(model, prompt, n)
-    got = generate(model, prompt, n, source=SuffixMatchSource(min_match=min_match), draft=draft)
+    got = generate(model, prompt, n, source=NgramSource(min_match=min_match), draft=draft)
     assert got.tokens == expected
 
 

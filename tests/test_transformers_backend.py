@@ -49,27 +49,27 @@ def copy_ids(tb) -> list[int]:
 
 
 def test_speculative_output_equals_plain_greedy(tb, copy_ids):
-    from promptlookup.drafting.ngram.source import SuffixMatchSource
+    from promptlookup.drafting.ngram.source import NgramSource
     from promptlookup.speculate import generate
 
     plain = generate(tb, copy_ids, 32)
     assert plain.counters.drafted_steps == 0
     for draft in (3, 8):
-        spec = generate(tb, copy_ids, 32, source=SuffixMatchSource(), draft=draft)
+        spec = generate(tb, copy_ids, 32, source=NgramSource(), draft=draft)
         assert spec.tokens == plain.tokens, f"draft {draft}"
         assert spec.counters.accepted_tokens > 0  # it really speculated, on a copy prompt
         assert spec.counters.decodes < plain.counters.decodes
 
 
 def test_padding_off_gives_the_same_tokens(tb, copy_ids):
-    from promptlookup.drafting.ngram.source import SuffixMatchSource
+    from promptlookup.drafting.ngram.source import NgramSource
     from promptlookup.speculate import generate
 
-    padded = generate(tb, copy_ids, 20, source=SuffixMatchSource(), draft=3)
+    padded = generate(tb, copy_ids, 20, source=NgramSource(), draft=3)
     saved = tb.pad_to
     try:
         tb.pad_to = {}
-        plain = generate(tb, copy_ids, 20, source=SuffixMatchSource(), draft=3)
+        plain = generate(tb, copy_ids, 20, source=NgramSource(), draft=3)
     finally:
         tb.pad_to = saved
     assert padded.tokens == plain.tokens
@@ -202,13 +202,13 @@ def test_chat_injection_yields_no_control_token_from_user_text(tb, real_backend)
 def test_speculative_sampling_equals_plain_sampling_for_the_same_seed(tb, copy_ids):
     """fp32: batched logits equal single-token logits, so with the position-keyed stream a sampled
     speculative run is token-identical to plain sampling with the same seed."""
-    from promptlookup.drafting.ngram.source import SuffixMatchSource
+    from promptlookup.drafting.ngram.source import NgramSource
     from promptlookup.sampling import Sampler, SamplingParams
     from promptlookup.speculate import generate
 
     params = SamplingParams(temp=0.8, top_p=0.95)
     plain = generate(tb, copy_ids, 48, sampler=Sampler(params, 7))
-    spec = generate(tb, copy_ids, 48, source=SuffixMatchSource(), draft=8, sampler=Sampler(params, 7))
+    spec = generate(tb, copy_ids, 48, source=NgramSource(), draft=8, sampler=Sampler(params, 7))
     assert spec.tokens == plain.tokens
     assert spec.counters.accepted_tokens > 0 and spec.counters.decodes < plain.counters.decodes
     greedy = generate(tb, copy_ids, 48).tokens

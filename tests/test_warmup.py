@@ -9,9 +9,9 @@ import textwrap
 
 import pytest
 
+from promptlookup.costcurve import CostCurve
 from promptlookup.drafting import warmup
 from promptlookup.drafting.spec import Run, SourceSpec, source_factory
-from promptlookup.measure.costs import CostCurve
 
 # A fresh interpreter (numba's dispatchers start empty there, whatever this process compiled): build
 # the source through the factory, then run a real request through the loop on a real text (a stdlib
@@ -21,7 +21,7 @@ PROBE = textwrap.dedent("""
     from numba.core.registry import CPUDispatcher
     from promptlookup.backends.text import TextBackend
     from promptlookup.drafting.spec import Run, SourceSpec, source_factory
-    from promptlookup.measure.costs import CostCurve
+    from promptlookup.costcurve import CostCurve
     from promptlookup.speculate import generate
 
     spec, warm = SourceSpec.parse(sys.argv[1]), sys.argv[2] == "warm"

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from promptlookup.backends.base import Model, common_prefix
-from promptlookup.drafting.base import DraftSource
+from promptlookup.backends.costs import cached_cost_curve
+from promptlookup.drafting.base import DraftSource, report_of
 from promptlookup.drafting.spec import OFF, Run, SourceSpec, SpecError, save_state, source_factory
 from promptlookup.errors import RequestError, UsageError, check_prompt_fits
 from promptlookup.options import MAX_STOP_CHARS, MAX_STOPS, RequestOptions
@@ -171,7 +172,7 @@ class Engine:
         else:
             history = History(budget=budget or DEFAULT_BUDGET, fingerprint=fp)
         self.history = history
-        self.run = Run.for_backend(self.backend)
+        self.run = Run.for_backend(self.backend, lambda: cached_cost_curve(self.backend))
         self.run.history = history
         self.source_for(self.default_spec)  # open its files (and measure auto's curve) now, not mid-request
 
@@ -384,9 +385,8 @@ def _options(options: RequestOptions | None, fields: Mapping[str, Any]) -> Reque
 
 def _choices(source: Any) -> dict[str, int]:
     """auto's count of steps drafted per source so far (empty for a fixed source)."""
-    from promptlookup.drafting.auto import AutoDrafter
-
-    return dict(source.calibration.per_source) if isinstance(source, AutoDrafter) else {}
+    report = report_of(source)
+    return dict(report["per_source"]) if report is not None else {}
 
 
 def _choice_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from promptlookup.drafting.base import MAX_DRAFT
+from promptlookup.drafting.base import MAX_DRAFT, report_of
 from promptlookup.errors import UsageError, UserError
 
 # Upper bounds of the numeric flags, checked at parse time so that no value reaches code that cannot
@@ -447,12 +447,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
             result = chunk.completion
         sys.stdout.write("\n")
     engine.save_history()  # the history file the flags name: this run added to it
-    _print_generation(args, backend, ids, result, opts,
-                      engine.source_for(spec) if spec.name == "auto" else None)
+    _print_generation(args, backend, ids, result, opts, report_of(engine.source_for(spec)))
     return 0
 
 
-def _print_generation(args: argparse.Namespace, backend, ids: list[int], result, opts, drafter) -> None:
+def _print_generation(args: argparse.Namespace, backend, ids: list[int], result, opts, report) -> None:
     """The output: JSON, or the report after the streamed text; ``--csv`` appends a row."""
     c = result.counters
     if args.csv:
@@ -475,28 +474,14 @@ def _print_generation(args: argparse.Namespace, backend, ids: list[int], result,
     params = opts.sampling_params()
     if not (params.greedy and not params.penalties):
         print(_sampling_line(params, result.seed), file=sys.stderr)
-    if drafter is not None:
-        print(_auto_report(drafter), file=sys.stderr)
+    if report is not None:  # a controller's choices (auto's)
+        print(report["summary"], file=sys.stderr)
 
 
 def _logprob_json(backend, lp) -> dict:
     """One token's entry, shaped like OpenAI's logprobs.content[i] (ids beside the texts)."""
     return {"id": lp.token, "token": backend.detokenize([lp.token]), "logprob": lp.logprob,
             "top_logprobs": [{"id": t, "token": backend.detokenize([t]), "logprob": v} for t, v in lp.top]}
-
-
-def _auto_report(drafter) -> str:
-    cal = drafter.calibration
-    used = ", ".join(f"{k} on {v}" for k, v in sorted(cal.per_source.items())) or "none"
-    line = (f"auto: drafted on {cal.chosen_steps} of {cal.steps} steps ({used}); "
-            f"predicted {cal.predicted:.1f} accepted tokens, realized {cal.realized} "
-            f"(calibration {cal.ratio:.2f})")
-    t = drafter.times
-    if t.measured:
-        line += (f"; measured plain step {1000 * t.step(1):.2f} ms, drafting {1000 * t.overhead:.3f} ms "
-                 f"a step, {cal.plain_probes} plain probes, {cal.asked} of "
-                 f"{cal.steps * len(drafter.sources)} proposals asked")
-    return line
 
 
 def cmd_create(args: argparse.Namespace) -> int:
@@ -576,7 +561,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_curve(args: argparse.Namespace) -> int:
-    from promptlookup.measure.costs import cached_cost_curve, curve_cache_path, describe
+    from promptlookup.backends.costs import cached_cost_curve, curve_cache_path
+    from promptlookup.costcurve import describe
 
     backend = _load_backend(args)
     curve = cached_cost_curve(backend, max_tokens=args.max_tokens, refresh=args.refresh)
@@ -598,8 +584,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def cmd_compile(args: argparse.Namespace) -> int:
     import time
 
+    from promptlookup.costcurve import CostCurve
     from promptlookup.drafting.spec import Run, SourceSpec, source_factory
-    from promptlookup.measure.costs import CostCurve
 
     spec = SourceSpec.parse(args.speculate)
     t0 = time.perf_counter()

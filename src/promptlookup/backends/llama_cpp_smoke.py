@@ -137,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result.update(smoke_test(backend, step))
         if args.curve:
-            from promptlookup.measure.costs import cached_cost_curve
+            from promptlookup.backends.costs import cached_cost_curve
 
             step("measure the verify cost curve")
             curve = cached_cost_curve(backend, max_tokens=N_VERIFY, refresh=True)

@@ -107,8 +107,9 @@ class TokenBuffer:
 class StepFeedback:
     """What one step that followed a proposal cost and gave: the loop's measured seconds.
 
-    ``verify_s`` is the verify call and its rollback (the replay charges its cost model's seconds
-    instead, see :func:`promptlookup.speculate.generate`); ``draft_s`` is everything else the step
+    ``verify_s`` is the verify call and its rollback (the cost simulation,
+    :mod:`promptlookup.measure.simulate`, charges its curve's seconds instead, see
+    :func:`promptlookup.speculate.generate`); ``draft_s`` is everything else the step
     spent on the source: being told the pending token, proposing, being told the confirmed tokens,
     and the previous feedback. Both count, because both are time a plain decode would not have
     spent."""
@@ -121,7 +122,12 @@ class StepFeedback:
 
 @runtime_checkable
 class DraftSource(Protocol):
-    """What the speculative loop needs of a source."""
+    """What the speculative loop needs of a source.
+
+    One method is optional, so not declared here (a fixed source has nothing to say):
+    ``report() -> dict``, what the source chose so far, with a one-line ``summary``. ``auto``
+    answers it (its drafted steps per source, its calibration); callers ask through
+    :func:`report_of`, never by the source's class."""
 
     name: str
 
@@ -140,6 +146,13 @@ class DraftSource(Protocol):
     def feedback(self, step: StepFeedback) -> None:
         """After a step that followed :meth:`propose`: what it cost and confirmed (a no-op for a
         source whose proposals do not depend on time; the controller ``auto`` learns from it)."""
+
+
+def report_of(source: object) -> dict | None:
+    """``source.report()`` where the source has one (``auto``), else None: how the CLI, the bench and
+    the API read a controller's choices without knowing its class."""
+    report = getattr(source, "report", None)
+    return report() if callable(report) else None
 
 
 class NoDraft:

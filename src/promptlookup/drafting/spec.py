@@ -9,8 +9,10 @@ opened once) into a maker of fresh sources.
 Each source declares itself in its own module: ``OPTIONS`` (key -> :class:`Option`), optionally
 ``check(spec)`` (settings that must agree with each other), ``factory(spec, run)`` (open the run's
 files now, return a zero-argument maker of fresh sources) and optionally ``save(spec, source)``
-(end of a run: write what the source learned back to its files). Adding a source is its own folder
-plus one line in :data:`SOURCES`.
+(end of a run: write what the source learned back to its files), and optionally ``AUTO_WEIGHED``
+(``"named"``: ``auto`` weighs it when its ``sources=`` names it; see
+:mod:`promptlookup.drafting.auto.source`). Adding a source is its own folder plus one line in
+:data:`SOURCES`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from promptlookup.costcurve import CostCurve
 from promptlookup.drafting.base import MAX_DRAFT, DraftSource
 from promptlookup.errors import UsageError
 
@@ -29,7 +32,7 @@ SOURCES: dict[str, str] = {
     "ngram": "promptlookup.drafting.ngram.source",
     "lookup": "promptlookup.drafting.lookup.source",
     "suffix": "promptlookup.drafting.suffix.source",
-    "auto": "promptlookup.drafting.auto",
+    "auto": "promptlookup.drafting.auto.source",
 }
 OFF = "off"  # plain decoding: no source at all
 
@@ -210,13 +213,13 @@ class Run:
     """What a run has that sources are built from.
 
     ``fingerprint`` is asked only when a file needs checking against the tokenizer; ``cost_curve``
-    (a :class:`~promptlookup.measure.costs.CostCurve` maker) only by ``auto`` when its spec names no
+    (a :class:`~promptlookup.costcurve.CostCurve` maker) only by ``auto`` when its spec names no
     curve file. Files opened through :meth:`shared` are opened once per run and shared by every
     source made from it (read-only caches and indexes)."""
 
     n_vocab: int
     fingerprint: Callable[[], str]
-    cost_curve: Callable[[], Any] | None = None
+    cost_curve: Callable[[], CostCurve] | None = None
     verify: bool = False  # full body checks of static caches and corpus indexes at open
     # one suffix history every source made from this run shares (the public API and the server keep
     # one for all their requests); None: each source gets its own, from its spec's history= file
@@ -224,21 +227,16 @@ class Run:
     opened: dict[tuple[str, str], Any] = field(default_factory=dict)
     warm: bool = True  # compile a new spec's kernels when its factory is made (see drafting.warmup)
     _fp: str | None = None
-    _curve: Any = None
+    _curve: CostCurve | None = None
 
     @classmethod
-    def for_backend(cls, backend: Any) -> Run:
-        """What a loaded backend gives: its vocabulary, its tokenizer's fingerprint, and (for
-        ``auto``) its verify cost curve, measured once and cached per model, backend and threads."""
+    def for_backend(cls, backend: Any, cost_curve: Callable[[], CostCurve] | None = None) -> Run:
+        """What a loaded backend gives: its vocabulary and its tokenizer's fingerprint; ``cost_curve``
+        (for ``auto``) is the caller's, typically :func:`promptlookup.backends.costs.cached_cost_curve`
+        of the backend: drafting never imports a backend module, not even to measure one."""
+        return cls(backend.n_vocab, backend.fingerprint, cost_curve=cost_curve)
 
-        def curve() -> Any:
-            from promptlookup.measure.costs import cached_cost_curve
-
-            return cached_cost_curve(backend)
-
-        return cls(backend.n_vocab, backend.fingerprint, cost_curve=curve)
-
-    def curve(self) -> Any:
+    def curve(self) -> CostCurve:
         """:attr:`cost_curve`'s curve, made once per run (a warm-up and the real source share it)."""
         if self._curve is None:
             if self.cost_curve is None:

@@ -65,8 +65,8 @@ PRIOR_COST_SLOPE = 0.35
 
 
 def prior_cost_curve() -> Any:
+    from promptlookup.costcurve import as_curve
     from promptlookup.drafting.base import MAX_DRAFT
-    from promptlookup.measure.costs import as_curve
 
     return as_curve([1.0 + PRIOR_COST_SLOPE * (w - 1) for w in range(1, MAX_DRAFT + 2)],
                     label=f"prior: 1 + {PRIOR_COST_SLOPE} per extra token (no model_path= to measure one)")

@@ -66,8 +66,9 @@ def llama_cost_curve(model_path: str | os.PathLike[str], n_threads: int | None =
     """The verify cost curve ``auto`` weighs drafts with: the CLI's cached curve for this model file
     and thread count, else measured once (about a second, through a second, mmap-shared load of
     the model) and cached for the next process."""
+    from promptlookup.backends.costs import cached_cost_curve, curve_cache_path
     from promptlookup.backends.llama_cpp import LlamaCppBackend, default_threads
-    from promptlookup.measure.costs import CostCurve, CostCurveError, cached_cost_curve, curve_cache_path
+    from promptlookup.costcurve import CostCurve, CostCurveError
 
     threads = n_threads or default_threads()
     path = curve_cache_path(model_path, LlamaCppBackend.name, threads)

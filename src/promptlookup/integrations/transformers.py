@@ -83,7 +83,7 @@ def _drafter(backend: Any, source: str | SourceSpec, draft: int | None, history:
     fingerprint = backend.fingerprint if backend.tokenizer is not None else None
 
     def curve() -> Any:  # auto's verify cost curve: measured once per model object (about a second)
-        from promptlookup.measure.costs import measure_cost_curve
+        from promptlookup.backends.costs import measure_cost_curve
 
         model = backend.model
         if model not in _CURVES:

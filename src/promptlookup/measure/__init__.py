@@ -1,1 +1,2 @@
-"""Replays, simulations, cost curves and the A/B harness: what tells whether drafting paid."""
+"""The lookup-stats replay, the cost simulation, cost curves and the A/B harness: what tells whether
+drafting paid."""

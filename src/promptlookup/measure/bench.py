@@ -1,6 +1,6 @@
 """The A/B harness: every cell back to back in one process on one loaded model.
 
-Seed 000's tables are what make a speculation claim believable: the same workload run plainly and
+Tables like these are what make a speculation claim believable: the same workload run plainly and
 speculated, in an alternating order, with ``off`` at least twice so its spread is the noise band,
 and the effective rate (drafting included) beside acceptance, tokens per verify and coverage. Each
 speculated cell also says whether its output is token-identical to the first plain run.
@@ -21,8 +21,9 @@ finishes (:class:`CsvRows`), so an interrupted bench keeps what it measured.
 On llama.cpp a batched verify can round differently from one-token decodes, so a speculated cell's
 text may part from the plain text after some tokens (the "identical" column), and two cells then
 time two different texts: one text can be easier to copy than another. The summary therefore also
-gives each cell's **same-text replay** (:func:`replayed_speedups`): its speedup simulated on the
-plain output with the backend's cost curve, the comparison of sources that no text luck moves.
+gives each cell's **same-text replay** (:func:`replayed_speedups`): its speedup in the cost
+simulation (:mod:`promptlookup.measure.simulate`) on the plain output with the backend's cost curve,
+the comparison of sources that no text luck moves.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ from typing import IO, Any
 
 import numpy as np
 
-from promptlookup.drafting.auto import AutoDrafter
-from promptlookup.drafting.base import DraftSource
+from promptlookup.backends.costs import cached_cost_curve
+from promptlookup.drafting.base import DraftSource, report_of
 from promptlookup.drafting.spec import OFF, SOURCES, Run, SourceSpec, SpecError, build_source
 from promptlookup.telemetry import Counters
 
@@ -113,11 +114,16 @@ class CellRun:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def backend_run(backend) -> Run:
+    """The run sources are built from on a loaded backend: its curve measured once and cached."""
+    return Run.for_backend(backend, lambda: cached_cost_curve(backend))
+
+
 def make_source(cell: Cell, backend) -> tuple[DraftSource | None, int]:
     """The draft source and draft length a cell asks for, built fresh (no state across runs); a
     ``suffix`` source keeps an in-memory history, so a multi-request workload's later requests draft
     from the earlier ones (as a --suffix-history file would across processes)."""
-    source = build_source(cell, Run.for_backend(backend))
+    source = build_source(cell, backend_run(backend))
     return source, cell.draft if source is not None else 1
 
 
@@ -137,10 +143,9 @@ def oracle_speedup(backend, requests: Sequence[Sequence[int]], outputs: Sequence
     seen the earlier requests) and the backend's curve: the ceiling any controller could reach on
     this run (simulated, see promptlookup.measure.simulate)."""
     from promptlookup.drafting.base import MAX_DRAFT
-    from promptlookup.measure.costs import cached_cost_curve
     from promptlookup.measure.simulate import oracle
 
-    sources = build_source(SourceSpec("auto"), Run.for_backend(backend)).sources
+    sources = build_source(SourceSpec("auto"), backend_run(backend)).sources
     for prompt, out in zip(requests[:-1], outputs[:-1], strict=True):
         for src in sources:
             src.reset([*prompt, *out])
@@ -154,7 +159,6 @@ def replayed_speedups(backend, requests: Sequence[Sequence[int]], outputs: Seque
     the backend's cost curve (:mod:`promptlookup.measure.simulate`): every source drafts the same
     text, so the figures compare sources where a real run's texts may differ. A fresh source per
     cell, run over the earlier requests first as in the real run (committed between requests)."""
-    from promptlookup.measure.costs import cached_cost_curve
     from promptlookup.measure.simulate import simulate
 
     curve = cached_cost_curve(backend)
@@ -224,10 +228,11 @@ def run_bench(backend, workloads: dict[str, list[list[int]]], cells: Sequence[Ce
                 if cell.name == "off" and reference is None:
                     reference = outputs
                 extra = {}
-                if isinstance(source, AutoDrafter):
-                    cal = source.calibration
-                    extra = {"calibration": round(cal.ratio, 3), "auto_steps": cal.chosen_steps,
-                             "plain_probes": cal.plain_probes, "asked": cal.asked}
+                report = report_of(source)
+                if report is not None:
+                    extra = {"calibration": round(report["calibration"], 3),
+                             "auto_steps": report["drafted_steps"], "plain_probes": report["plain_probes"],
+                             "asked": report["asked"]}
                 runs.append(CellRun(wname, cell, r + 1, gen.counters,
                                     outputs[-1] == reference[-1] if reference is not None else True,
                                     wall, extra))

@@ -1,11 +1,12 @@
-"""Replay with a cost curve: what speculation would buy on a backend with that curve.
+"""The cost simulation: a text run through the real loop, each step charged a cost curve's seconds,
+to tell what speculation would buy on a backend with that curve.
 
 The text itself stands in for the model (:class:`~promptlookup.backends.text.TextBackend` answers
-every verify with the text's true next tokens), so a replay runs the very same loop, sources and
+every verify with the text's true next tokens), so a simulation runs the very same loop, sources and
 controller as a real generation; each verify step is charged the curve's cost for its width.
 Plain decoding of the same text costs one 1-token decode per token after the first. The curve is
-also the replay's clock: a source that learns from measured time (``auto``) is told the curve's
-seconds for each step, and drafting is charged nothing, as in the oracle, so a replay is
+also the simulation's clock: a source that learns from measured time (``auto``) is told the curve's
+seconds for each step, and drafting is charged nothing, as in the oracle, so a simulation is
 deterministic.
 
 The **hindsight oracle** knows, at every position, how many tokens of the source's longest draft
@@ -20,8 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from promptlookup.backends.text import TextBackend
+from promptlookup.costcurve import CostCurve
 from promptlookup.drafting.base import DraftSource
-from promptlookup.measure.costs import CostCurve
 from promptlookup.speculate import generate
 
 
@@ -48,7 +49,7 @@ def simulate(prompt: Sequence[int], continuation: Sequence[int], source: DraftSo
     gen = generate(backend, prompt, len(continuation), source=source, draft=draft,
                    verify_seconds=curve.cost)
     if gen.tokens != list(continuation):  # the loop must reproduce the text exactly
-        raise AssertionError("replay diverged from the text: the loop is not exact")
+        raise AssertionError("simulation diverged from the text: the loop is not exact")
     unit = curve.cost(1)
     cost = sum(curve.cost(w) for w in backend.widths) / unit
     c = gen.counters
@@ -123,7 +124,8 @@ def sweep(prompt: Sequence[int], continuation: Sequence[int], make_source: Calla
 
 
 def _chunks(tokens: Sequence[int], n_ctx: int) -> list[list[int]]:
-    """The replay's chunks (see :mod:`promptlookup.measure.replay`): whole chunks of n_ctx tokens."""
+    """The lookup-stats replay's chunks (see :mod:`promptlookup.measure.replay`): whole chunks of
+    n_ctx tokens."""
     toks = list(tokens)
     return [toks[i : i + n_ctx] for i in range(0, len(toks) - n_ctx, n_ctx)] or (
         [toks] if len(toks) >= 2 else [])
@@ -139,8 +141,8 @@ def simulate_text(tokens: Sequence[int], n_ctx: int, curve: CostCurve,
                   policies: dict[str, tuple[Callable[[], DraftSource], int]],
                   oracle_sources: Callable[[], Sequence[DraftSource]] | None = None,
                   max_draft: int = 8) -> list[SimResult]:
-    """Every policy (label -> (source factory, draft length)) over the replay's chunks, plus the
-    oracle over ``oracle_sources``. One source instance lives across chunks, as in the replay, and
+    """Every policy (label -> (source factory, draft length)) over the lookup-stats replay's chunks, plus the
+    oracle over ``oracle_sources``. One source instance lives across chunks, as in that replay, and
     is committed after each: a source that learns across requests (the lookup caches, the suffix
     history) learns from earlier chunks."""
     chunks = _chunks(tokens, n_ctx)
@@ -165,7 +167,7 @@ def simulate_text(tokens: Sequence[int], n_ctx: int, curve: CostCurve,
 
 
 def report_table(results: Sequence[SimResult], curve: CostCurve) -> str:
-    from promptlookup.measure.costs import describe
+    from promptlookup.costcurve import describe
 
     lines = [f"cost curve ({curve.label or 'unnamed'}): {describe(curve)}",
              "| policy | steps | drafted | accepted | accept % | cost (plain decodes) | speedup |",

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import time
 
+from promptlookup.costcurve import CostCurve
 from promptlookup.drafting.base import MAX_DRAFT
 from promptlookup.drafting.spec import Run, SourceSpec, options_of, source_factory
-from promptlookup.measure.costs import CostCurve
 from promptlookup.measure.replay import ReplayStats, read_text_tokens, replay
 
 

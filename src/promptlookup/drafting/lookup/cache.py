@@ -10,7 +10,7 @@ Why two classes: :class:`DictNgramCache` is the plain statement (dicts of dicts)
 :class:`NgramCache` is the one the draft loop uses, a numba open-addressing table over numpy arrays
 (n-gram ids by hash, followers as a per-n-gram linked list of entries) so that updating and drafting
 never touch a Python object per token. Counts are 64-bit (llama.cpp: 32-bit); indices are 32-bit (2**31
-n-grams is far beyond any cache held in memory), which keeps a replay's dynamic cache small. Each n-gram
+n-grams is far beyond any cache held in memory), keeping a stats replay's dynamic cache small. Each n-gram
 also keeps its largest follower count, so the draft rule can reject an n-gram whose best follower cannot
 reach the threshold (``100 * max <= p * total``) without walking its followers: on a big dynamic cache a
 1-gram like a newline has thousands, and this check skips nearly all of them, exactly. Follower order

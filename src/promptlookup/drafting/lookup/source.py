@@ -351,6 +351,7 @@ class LookupSource(TokenBuffer):
 
 # --- the source vocabulary (promptlookup.drafting.spec): lookup[:draft=N][:static=FILE][:dynamic=FILE] ---
 
+AUTO_WEIGHED = "named"  # auto weighs it when its sources= names it (see drafting/auto/source.py)
 OPTIONS = {
     "draft": DRAFT,
     "static": Option(str, None, flag="--lookup-cache-static"),  # static 2-gram cache (either format)

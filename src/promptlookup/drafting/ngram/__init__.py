@@ -1,1 +1,2 @@
-"""``--ngram``: seed 000's suffix match over the request (rule, reference twin, incremental index, source)."""
+"""``--ngram``: draft what followed the longest earlier occurrence of the text's last tokens (rule,
+reference twin, incremental index, source)."""

@@ -1,6 +1,7 @@
-"""An incremental index for ``--ngram``: the best suffix match in O(log max_match) probes, not O(context).
+"""An incremental index for ``--ngram``: the longest earlier match of the text's end in O(log max_match)
+probes, not O(context).
 
-Why: the backward scan of :func:`promptlookup.drafting.ngram.source.suffix_match` reads the whole context on
+Why: the backward scan of :func:`promptlookup.drafting.ngram.source.ngram_match` reads the whole context on
 every call (tens of microseconds at 32k tokens). The rule (longest match, capped at ``max_match``,
 most recent among equals, no self-match) only needs, for each length l <= max_match, the most recent
 earlier position where the current l-token suffix ended. So every position e is indexed once, under
@@ -179,7 +180,7 @@ def draft_span(corpus, n, k, tab, state):
 
     Returns ``(start, stop, match_len)``: the draft is ``corpus[start:stop]``, empty (``start == stop``)
     when the match is shorter than ``state[STATE_MIN_MATCH]``, there is none, or ``k <= 0``. Returns
-    ``(0, 0, -1)`` when the table must grow first (:meth:`SuffixIndex.grow`; some ends may have been
+    ``(0, 0, -1)`` when the table must grow first (:meth:`NgramIndex.grow`; some ends may have been
     indexed): the caller grows it and calls again.
     """
     end, length = _index_and_query(corpus, n, tab, state)
@@ -209,7 +210,7 @@ def _rehash(corpus, tab, old):
         tab[i] = v
 
 
-class SuffixIndex:
+class NgramIndex:
     """The index over one growing int32 buffer; the owner passes the buffer and its length each call.
 
     The table (``tab``) is replaced when it grows: a caller that keeps a reference to it refreshes it
@@ -261,7 +262,7 @@ class SuffixIndex:
             self.grow(corpus, n)
 
     def match(self, corpus: np.ndarray, n: int) -> tuple[int, int]:
-        """``(match_end, match_len)`` of ``corpus[:n]``, as :func:`suffix_match_reference` defines it.
+        """``(match_end, match_len)`` of ``corpus[:n]``, as :func:`ngram_match_reference` defines it.
 
         ``corpus[:n]`` must extend what earlier calls saw (call :meth:`reset` when it does not).
         """

@@ -1,4 +1,4 @@
-"""Seed 000's ``--ngram`` draft source: draft what followed the longest recent suffix match.
+"""The ``--ngram`` draft source: draft what followed the longest recent match of the text's last tokens.
 
 The corpus is the prompt plus every confirmed token; the pattern is its suffix. Every position
 strictly before the corpus end is a candidate match *end* (so the pattern never matches itself),
@@ -8,9 +8,9 @@ A match may overlap the pattern, which is how a run of one repeated token predic
 tokens that followed the match become the draft, up to ``k`` of them, clipped at the corpus end.
 A best match shorter than ``min_match`` drafts nothing: the gate.
 
-Three implementations with one behaviour: :func:`suffix_match_reference` is the plain statement of
-the rule, :func:`suffix_match` a compiled backward scan (O(context) per call, no state), and
-:class:`~promptlookup.drafting.ngram.index.SuffixIndex` the incremental index the source uses
+Three implementations with one behaviour: :func:`ngram_match_reference` is the plain statement of
+the rule, :func:`ngram_match` a compiled backward scan (O(context) per call, no state), and
+:class:`~promptlookup.drafting.ngram.index.NgramIndex` the incremental index the source uses
 (O(log max_match) probes per call, about a microsecond at any context length). Tests hold all three
 equal, on real text too.
 """
@@ -27,7 +27,7 @@ from promptlookup.drafting.ngram.index import (
     KEYS,
     STATE_MAX_MATCH,
     STATE_MIN_MATCH,
-    SuffixIndex,
+    NgramIndex,
     draft_span,
 )
 from promptlookup.drafting.spec import DRAFT, Option, Run, SourceSpec, SpecError
@@ -39,7 +39,7 @@ MAX_MATCH_LIMIT = 1024  # longest max_match accepted: each length has an empty d
 INDEX_MAX_MATCH = 32  # above this the index costs too much memory (max_match entries per token): scan
 
 
-def suffix_match_reference(corpus: Sequence[int], max_match: int) -> tuple[int, int]:
+def ngram_match_reference(corpus: Sequence[int], max_match: int) -> tuple[int, int]:
     """Return ``(match_end, match_len)`` of the best match; ``(-1, 0)`` when there is none.
 
     Plain Python, quadratic, obviously the rule: kept as the twin the fast path is tested against.
@@ -58,7 +58,7 @@ def suffix_match_reference(corpus: Sequence[int], max_match: int) -> tuple[int, 
 
 
 @njit(cache=True, nogil=True)
-def _suffix_match_scan(corpus: np.ndarray, n: int, max_match: int) -> tuple[int, int]:
+def _ngram_match_scan(corpus: np.ndarray, n: int, max_match: int) -> tuple[int, int]:
     # Scan backward so the first match of a given length is the most recent one; only a strictly
     # longer match may replace it. Stop as soon as a match reaches the cap: nothing beats it.
     best_end = -1
@@ -80,19 +80,19 @@ def _suffix_match_scan(corpus: np.ndarray, n: int, max_match: int) -> tuple[int,
     return best_end, best_len
 
 
-def suffix_match(corpus: np.ndarray, n: int, max_match: int) -> tuple[int, int]:
-    """Fast twin of :func:`suffix_match_reference` over ``corpus[:n]`` (an int32 array)."""
+def ngram_match(corpus: np.ndarray, n: int, max_match: int) -> tuple[int, int]:
+    """Fast twin of :func:`ngram_match_reference` over ``corpus[:n]`` (an int32 array)."""
     if n < 2 or max_match < 1:
         return -1, 0
-    return _suffix_match_scan(corpus, n, max_match)
+    return _ngram_match_scan(corpus, n, max_match)
 
 
-def suffix_draft_reference(
+def ngram_draft_reference(
     corpus: Sequence[int], k: int, min_match: int = DEFAULT_MIN_MATCH,
     max_match: int = DEFAULT_MAX_MATCH,
 ) -> list[int]:
-    """The whole seed-000 draft rule in plain Python: match, gate, then copy what followed."""
-    end, length = suffix_match_reference(corpus, max_match)
+    """The whole ``--ngram`` draft rule in plain Python: match, gate, then copy what followed."""
+    end, length = ngram_match_reference(corpus, max_match)
     if end < 0 or length < min_match:
         return []
     return list(corpus[end + 1 : end + 1 + k])
@@ -104,13 +104,13 @@ def _scan_span(corpus, n, k, tab, state):
     ``(start, stop, match_len)``, the draft ``corpus[start:stop]`` empty below the gate."""
     if n < 2:
         return 0, 0, 0
-    end, length = _suffix_match_scan(corpus, n, state[STATE_MAX_MATCH])
+    end, length = _ngram_match_scan(corpus, n, state[STATE_MAX_MATCH])
     if end < 0 or length < state[STATE_MIN_MATCH] or k <= 0:
         return 0, 0, length
     return end + 1, min(end + 1 + k, n), length
 
 
-class SuffixMatchSource(TokenBuffer):
+class NgramSource(TokenBuffer):
     """``--ngram``: a draft source over a growable int32 buffer of the confirmed tokens.
 
     The index only ever grows with the buffer; ``reset`` empties both, so nothing has to follow the
@@ -138,7 +138,7 @@ class SuffixMatchSource(TokenBuffer):
         # empty drafts are immutable: one per match length (0 .. max_match)
         self._abstain = [make_draft((), self.name, m) for m in range(max_match + 1)]
         if max_match <= INDEX_MAX_MATCH:
-            self._index: SuffixIndex | None = SuffixIndex(max_match, min_match=min_match)
+            self._index: NgramIndex | None = NgramIndex(max_match, min_match=min_match)
             self._tab, self._state = self._index.tab, self._index.state
             kernel = draft_span
         else:  # above the index limit: the backward scan, same call shape
@@ -149,7 +149,7 @@ class SuffixMatchSource(TokenBuffer):
             kernel = _scan_span
         # compile (or load the cached builds) before any timing; n = 0 changes nothing
         self._span = compiled_entry(kernel, self._buf, 0, 0, self._tab, self._state)
-        suffix_match(self._buf, 2, 1)
+        ngram_match(self._buf, 2, 1)
 
     @property
     def min_match(self) -> int:
@@ -188,6 +188,11 @@ class SuffixMatchSource(TokenBuffer):
 
 # --- the source vocabulary (promptlookup.drafting.spec): ngram[:draft=N][:min=N][:max=N] ---
 
+# auto always weighs its own ngram (drafting/auto/source.py), ungated: the controller's match buckets
+# judge every match, and it measures matches up to AUTO_MAX_MATCH tokens long, since past 16 tokens a
+# match is still getting more reliable.
+AUTO_WEIGHED = "always"
+AUTO_MAX_MATCH = 64
 OPTIONS = {
     "draft": DRAFT,
     "min": Option(int, DEFAULT_MIN_MATCH, 1, MAX_MATCH_LIMIT, "--ngram-min-match"),
@@ -201,6 +206,11 @@ def check(spec: SourceSpec) -> None:
         raise SpecError(f"{spec.setting('max')} ({hi}) is below {spec.setting('min')} ({lo})")
 
 
-def factory(spec: SourceSpec, run: Run) -> Callable[[], SuffixMatchSource]:
+def factory(spec: SourceSpec, run: Run) -> Callable[[], NgramSource]:
     lo, hi = spec.value("min"), spec.value("max")
-    return lambda: SuffixMatchSource(lo, hi)
+    return lambda: NgramSource(lo, hi)
+
+
+def auto_factory(spec: SourceSpec, run: Run) -> Callable[[], NgramSource]:
+    """The ngram ``auto`` weighs, whatever ``spec`` (auto's) says: ungated, matches up to 64 tokens."""
+    return lambda: NgramSource(min_match=1, max_match=AUTO_MAX_MATCH)

@@ -545,6 +545,7 @@ class SuffixSource(TokenBuffer):
 # --- the source vocabulary (promptlookup.drafting.spec):
 # suffix[:draft=N][:history=FILE][:budget=TOKENS][:corpus=FILE] ---
 
+AUTO_WEIGHED = "named"  # auto weighs it when its sources= names it (see drafting/auto/source.py)
 OPTIONS = {
     "draft": DRAFT,
     "history": Option(str, None, flag="--suffix-history"),  # earlier requests: loaded, saved back by save()

@@ -8,15 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from promptlookup.drafting.ngram.source import (
-    SuffixMatchSource,
-    suffix_draft_reference,
-    suffix_match,
-    suffix_match_reference,
+    NgramSource,
+    ngram_draft_reference,
+    ngram_match,
+    ngram_match_reference,
 )
 
 
 def draft(tokens, k=3, min_match=3, max_match=16):
-    src = SuffixMatchSource(min_match=min_match, max_match=max_match)
+    src = NgramSource(min_match=min_match, max_match=max_match)
     src.reset(tokens)
     return list(src.propose(k).tokens)
 
@@ -24,26 +24,26 @@ def draft(tokens, k=3, min_match=3, max_match=16):
 def test_longest_match_wins_over_more_recent_shorter():
     # "1 2 3" occurs early followed by 7; only "2 3" occurs later, followed by 8.
     corpus = [1, 2, 3, 7, 0, 2, 3, 8, 9, 1, 2, 3]
-    assert suffix_match_reference(corpus, 16) == (2, 3)
+    assert ngram_match_reference(corpus, 16) == (2, 3)
     assert draft(corpus, k=2, min_match=2) == [7, 0]
 
 
 def test_most_recent_wins_ties():
     corpus = [4, 5, 6, 1, 4, 5, 6, 2, 4, 5, 6]
-    assert suffix_match_reference(corpus, 16) == (6, 3)
+    assert ngram_match_reference(corpus, 16) == (6, 3)
     assert draft(corpus, k=1) == [2]
 
 
 def test_tie_at_cap_prefers_most_recent():
     corpus = [1, 2, 3, 4, 10, 1, 2, 3, 4, 11, 1, 2, 3, 4]
-    assert suffix_match_reference(corpus, 3) == (8, 3)
+    assert ngram_match_reference(corpus, 3) == (8, 3)
     assert draft(corpus, k=1, max_match=3) == [11]
 
 
 def test_no_self_match():
     # The only occurrence of the suffix is the corpus end itself: nothing to draft.
     corpus = [1, 2, 3, 4, 5]
-    assert suffix_match_reference(corpus, 16) == (-1, 0)
+    assert ngram_match_reference(corpus, 16) == (-1, 0)
     assert draft(corpus, min_match=1) == []
 
 
@@ -62,40 +62,40 @@ def test_gate_boundary():
 def test_repeated_token_run_predicts_itself():
     corpus = [4, 4, 4, 4, 4]
     # The match ending one before the end overlaps the pattern and has length 4.
-    assert suffix_match_reference(corpus, 16) == (3, 4)
+    assert ngram_match_reference(corpus, 16) == (3, 4)
     assert draft(corpus, k=3) == [4]  # only one token follows the match, then the corpus ends
     # With the length capped, every earlier end ties at the cap and the most recent one wins,
     # so a long run still drafts exactly one token per step.
     corpus = [4] * 10
-    assert suffix_match_reference(corpus, 3) == (8, 3)
+    assert ngram_match_reference(corpus, 3) == (8, 3)
     assert draft(corpus, k=3, max_match=3) == [4]
 
 
 def test_empty_and_one_token_corpora():
-    assert suffix_match(np.zeros(0, np.int32), 0, 16) == (-1, 0)
-    assert suffix_match(np.array([3], np.int32), 1, 16) == (-1, 0)
+    assert ngram_match(np.zeros(0, np.int32), 0, 16) == (-1, 0)
+    assert ngram_match(np.array([3], np.int32), 1, 16) == (-1, 0)
     assert draft([], min_match=1) == []
     assert draft([3], min_match=1) == []
-    assert suffix_draft_reference([], 3, 1) == []
-    assert suffix_draft_reference([3], 3, 1) == []
+    assert ngram_draft_reference([], 3, 1) == []
+    assert ngram_draft_reference([3], 3, 1) == []
 
 
 def test_extend_grows_buffer_and_matches_reference():
-    src = SuffixMatchSource(min_match=2, max_match=8)
+    src = NgramSource(min_match=2, max_match=8)
     rng = np.random.default_rng(1)
     seq = list(rng.integers(0, 6, size=3000))
     src.reset(seq[:10])
     for t in seq[10:]:
         src.extend([int(t)])
     assert list(src.tokens) == [int(t) for t in seq]
-    assert list(src.propose(5).tokens) == suffix_draft_reference(seq, 5, 2, 8)
+    assert list(src.propose(5).tokens) == ngram_draft_reference(seq, 5, 2, 8)
 
 
 def test_invalid_settings_are_refused():
     with pytest.raises(ValueError, match="min-match"):
-        SuffixMatchSource(min_match=0)
+        NgramSource(min_match=0)
     with pytest.raises(ValueError, match="max-match"):
-        SuffixMatchSource(min_match=4, max_match=3)
+        NgramSource(min_match=4, max_match=3)
 
 
 @settings(max_examples=300, deadline=None)
@@ -108,8 +108,8 @@ def test_invalid_settings_are_refused():
 def test_fast_matches_reference(corpus, k, min_match, max_match):
     max_match = max(max_match, min_match)
     arr = np.array(corpus, dtype=np.int32)
-    assert suffix_match(arr, len(arr), max_match) == suffix_match_reference(corpus, max_match)
-    assert draft(corpus, k, min_match, max_match) == suffix_draft_reference(
+    assert ngram_match(arr, len(arr), max_match) == ngram_match_reference(corpus, max_match)
+    assert draft(corpus, k, min_match, max_match) == ngram_draft_reference(
         corpus, k, min_match, max_match
     )
 
@@ -120,11 +120,11 @@ def test_fast_matches_reference_on_real_text():
 
     with open(mod.__file__, "rb") as fh:
         data = list(fh.read()[:4000])
-    src = SuffixMatchSource(min_match=3, max_match=12)
+    src = NgramSource(min_match=3, max_match=12)
     src.reset(data[:50])
     for i in range(50, len(data)):
         if i % 7 == 0:  # the reference is quadratic: sample positions
-            assert list(src.propose(8).tokens) == suffix_draft_reference(data[:i], 8, 3, 12)
+            assert list(src.propose(8).tokens) == ngram_draft_reference(data[:i], 8, 3, 12)
         src.extend([data[i]])
 
 
@@ -141,38 +141,38 @@ def _real_bytes(limit: int) -> list[int]:
 @pytest.mark.parametrize("max_match", [1, 3, 16, 32])
 def test_index_matches_scan_at_every_position_of_real_text(max_match):
     """The incremental index (what the source uses) against the backward scan, every prefix."""
-    from promptlookup.drafting.ngram.index import SuffixIndex
+    from promptlookup.drafting.ngram.index import NgramIndex
 
     data = np.array(_real_bytes(60_000), dtype=np.int32)
-    index = SuffixIndex(max_match, capacity=16)  # starts tiny: exercises every rehash
+    index = NgramIndex(max_match, capacity=16)  # starts tiny: exercises every rehash
     for n in range(len(data) + 1):
-        assert index.match(data, n) == suffix_match(data, n, max_match), n
+        assert index.match(data, n) == ngram_match(data, n, max_match), n
 
 
 @settings(max_examples=200, deadline=None)
 @given(corpus=st.lists(st.integers(0, 3), max_size=80), max_match=st.integers(1, 10),
        steps=st.lists(st.integers(1, 5), max_size=20))
 def test_index_matches_reference_growing_in_uneven_steps(corpus, max_match, steps):
-    from promptlookup.drafting.ngram.index import SuffixIndex
+    from promptlookup.drafting.ngram.index import NgramIndex
 
     arr = np.array(corpus, dtype=np.int32)
-    index = SuffixIndex(max_match, capacity=16)
+    index = NgramIndex(max_match, capacity=16)
     n = 0
     for step in steps:
         n = min(len(arr), n + step)
-        assert index.match(arr, n) == suffix_match_reference(corpus[:n], max_match)
+        assert index.match(arr, n) == ngram_match_reference(corpus[:n], max_match)
     index.reset()
-    assert index.match(arr, len(arr)) == suffix_match_reference(corpus, max_match)
+    assert index.match(arr, len(arr)) == ngram_match_reference(corpus, max_match)
 
 
 def test_source_above_index_limit_scans():
     from promptlookup.drafting.ngram.source import INDEX_MAX_MATCH
 
-    src = SuffixMatchSource(min_match=2, max_match=INDEX_MAX_MATCH + 1)
+    src = NgramSource(min_match=2, max_match=INDEX_MAX_MATCH + 1)
     assert src._index is None
     seq = [1, 2, 3, 4] * 20 + [1, 2]
     src.reset(seq)
-    assert list(src.propose(3).tokens) == suffix_draft_reference(seq, 3, 2, INDEX_MAX_MATCH + 1)
+    assert list(src.propose(3).tokens) == ngram_draft_reference(seq, 3, 2, INDEX_MAX_MATCH + 1)
 
 
 def test_source_drafts_like_reference_on_real_tokens():
@@ -187,11 +187,11 @@ def test_source_drafts_like_reference_on_real_tokens():
 
     with open(mod.__file__, "rb") as fh:
         toks = [int(t) for t in VocabTokenizer(bundled_model_path()).tokenize(fh.read())]
-    src = SuffixMatchSource(min_match=2, max_match=16)
+    src = NgramSource(min_match=2, max_match=16)
     src.reset(toks[:2])
     for i in range(2, len(toks)):
         if i % 5 == 0:  # the reference is quadratic: sample positions
-            assert list(src.propose(8).tokens) == suffix_draft_reference(toks[:i], 8, 2, 16)
+            assert list(src.propose(8).tokens) == ngram_draft_reference(toks[:i], 8, 2, 16)
         src.extend([toks[i]])
 
 
@@ -199,7 +199,7 @@ def _expected_draft(buf, n, k, min_match, max_match):
     """What a drafting call must return, from the backward scan (held equal to the plain rule above)."""
     from promptlookup.drafting.base import Draft
 
-    end, length = suffix_match(buf, n, max_match)
+    end, length = ngram_match(buf, n, max_match)
     if end < 0 or length < min_match or k <= 0:
         return Draft(source="ngram", match_len=length)
     return Draft(tokens=tuple(int(t) for t in buf[end + 1 : min(end + 1 + k, n)]), source="ngram",
@@ -214,7 +214,7 @@ def test_source_drafts_like_scan_at_every_call_in_uneven_steps(min_match, max_ma
     data = _real_bytes(30_000)
     buf = np.array(data, dtype=np.int32)
     rng = np.random.default_rng(min_match * 100 + max_match)
-    src = SuffixMatchSource(min_match=min_match, max_match=max_match)
+    src = NgramSource(min_match=min_match, max_match=max_match)
     src.reset(data[:5])
     n = 5
     while n < len(data):
@@ -233,7 +233,7 @@ def test_source_draft_is_an_ordinary_draft():
 
     from promptlookup.drafting.base import Draft
 
-    src = SuffixMatchSource(min_match=2, max_match=16)
+    src = NgramSource(min_match=2, max_match=16)
     src.reset([5, 6, 7, 8, 5, 6, 7])
     d = src.propose(2)
     ref = Draft(tokens=(8, 5), source="ngram", match_len=3)
@@ -251,14 +251,14 @@ def test_source_draft_is_an_ordinary_draft():
 @given(corpus=st.lists(st.integers(0, 3), max_size=80), max_match=st.integers(1, 10),
        min_match=st.integers(1, 4), k=st.integers(0, 6), steps=st.lists(st.integers(1, 7), max_size=20))
 def test_index_draft_span_matches_reference(corpus, max_match, min_match, k, steps):
-    from promptlookup.drafting.ngram.index import SuffixIndex
+    from promptlookup.drafting.ngram.index import NgramIndex
 
     arr = np.array(corpus, dtype=np.int32)
-    index = SuffixIndex(max_match, capacity=16, min_match=min_match)  # starts tiny: grows mid-batch
+    index = NgramIndex(max_match, capacity=16, min_match=min_match)  # starts tiny: grows mid-batch
     n = 0
     for step in steps:
         n = min(len(arr), n + step)
         start, stop, length = index.draft_span(arr, n, k)
-        assert length == suffix_match_reference(corpus[:n], max_match)[1]
-        want = suffix_draft_reference(corpus[:n], k, min_match, max_match) if k > 0 else []
+        assert length == ngram_match_reference(corpus[:n], max_match)[1]
+        want = ngram_draft_reference(corpus[:n], k, min_match, max_match) if k > 0 else []
         assert list(arr[start:stop]) == want

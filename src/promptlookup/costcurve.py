@@ -1,28 +1,26 @@
-"""Verify cost curves: how long one verify step takes as a function of how many tokens it feeds.
+"""The verify cost curve: how long one verify step takes as a function of how many tokens it feeds.
 
 Whether a draft pays depends on this curve as much as on acceptance. On a CPU a batch of 1 + N
 tokens costs far more than one decode (compute-bound matmuls); on a GPU the curve is nearly flat.
 The controller reads the curve as relative costs, so the same policy works on either.
 
-A curve is measured on the loaded backend in about a second and cached per (model, backend,
-threads); it can also be written to and read from a JSON file for simulation (``--cost-curve``).
+Why a module of its own, at the top: the type is what ``auto`` (drafting), the backends' measuring
+(:mod:`promptlookup.backends.costs`, measured on the loaded backend in about a second and cached per
+model, backend and threads) and the cost simulation (measure) share, so none of those packages has
+to import another for it. A curve can also be written to and read from a JSON file (``--cost-curve``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import statistics
-import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from promptlookup.errors import UserError
-from promptlookup.fileio import atomic_write_text, cache_dir
+from promptlookup.fileio import atomic_write_text
 
 MAX_CURVE_TOKENS = 16
 MAX_CURVE_LEN = 64  # widths a curve may describe (a verify feeds at most 1 + MAX_DRAFT tokens)
@@ -115,52 +113,6 @@ class CostCurve:
     def flat(cls, n: int = MAX_CURVE_TOKENS, label: str = "flat") -> CostCurve:
         """A GPU-like curve: a verify of any width costs one decode."""
         return cls(tuple([1.0] * n), label)
-
-
-def measure_cost_curve(backend: Any, max_tokens: int = 9, reps: int = 5, context: int = 128) -> CostCurve:
-    """Time verify steps of 1..max_tokens tokens on ``backend`` (about a second on a small model).
-
-    The widths are interleaved across repetitions so drift (frequency, other load) hits all of them
-    alike, and the median of each is kept. The backend's cache is cleared afterwards.
-    """
-    filler = [int(t) for t in range(100, 100 + context)]
-    backend.prefill(filler)
-    base = backend.n_past
-    samples: list[list[float]] = [[] for _ in range(max_tokens)]
-    backend.verify(filler[:max_tokens])  # warm-up: first use of each kernel path
-    backend.rollback(base)
-    for _ in range(reps):
-        for n in range(1, max_tokens + 1):
-            t0 = time.perf_counter()
-            backend.verify(filler[:n])
-            samples[n - 1].append(time.perf_counter() - t0)
-            backend.rollback(base)
-    backend.rollback(0)
-    return CostCurve(tuple(statistics.median(s) for s in samples),
-                     label=f"{getattr(backend, 'name', 'backend')} measured")
-
-
-def curve_cache_path(model_path: str | os.PathLike[str], backend_name: str, threads: int) -> Path:
-    p = Path(model_path)
-    st = p.stat()
-    key = hashlib.sha256(f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}|{backend_name}|{threads}".encode())
-    return cache_dir() / "cost-curves" / f"{p.stem}-{backend_name}-t{threads}-{key.hexdigest()[:12]}.json"
-
-
-def cached_cost_curve(backend: Any, max_tokens: int = 9, refresh: bool = False) -> CostCurve:
-    """The curve for this (model, backend, threads), measured once and then read from the cache."""
-    path = curve_cache_path(backend.model_path, backend.name, backend.n_threads)
-    if not refresh and path.is_file():
-        try:
-            curve = CostCurve.load(path)
-            if len(curve.seconds) >= max_tokens:
-                return curve
-        except CostCurveError as exc:  # a damaged cache entry is measured again
-            print(f"promptlookup: warning: cached cost curve unusable, measuring it again ({exc})",
-                  file=sys.stderr)
-    curve = measure_cost_curve(backend, max_tokens=max_tokens)
-    curve.save(path)
-    return curve
 
 
 def describe(curve: CostCurve, n: int | None = None) -> str:

@@ -1,0 +1,65 @@
+"""A backend's verify cost curve, measured on the loaded model and cached per (model, backend, threads).
+
+Why here and not in ``measure/``: measuring only drives the backend contract (prefill, verify,
+rollback), and the backends' own smoke test measures it (``doctor``), while ``measure/`` imports the
+backends to replay and compare; the curve type itself is :mod:`promptlookup.costcurve`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from promptlookup.costcurve import CostCurve, CostCurveError
+from promptlookup.fileio import cache_dir
+
+
+def measure_cost_curve(backend: Any, max_tokens: int = 9, reps: int = 5, context: int = 128) -> CostCurve:
+    """Time verify steps of 1..max_tokens tokens on ``backend`` (about a second on a small model).
+
+    The widths are interleaved across repetitions so drift (frequency, other load) hits all of them
+    alike, and the median of each is kept. The backend's cache is cleared afterwards.
+    """
+    filler = [int(t) for t in range(100, 100 + context)]
+    backend.prefill(filler)
+    base = backend.n_past
+    samples: list[list[float]] = [[] for _ in range(max_tokens)]
+    backend.verify(filler[:max_tokens])  # warm-up: first use of each kernel path
+    backend.rollback(base)
+    for _ in range(reps):
+        for n in range(1, max_tokens + 1):
+            t0 = time.perf_counter()
+            backend.verify(filler[:n])
+            samples[n - 1].append(time.perf_counter() - t0)
+            backend.rollback(base)
+    backend.rollback(0)
+    return CostCurve(tuple(statistics.median(s) for s in samples),
+                     label=f"{getattr(backend, 'name', 'backend')} measured")
+
+
+def curve_cache_path(model_path: str | os.PathLike[str], backend_name: str, threads: int) -> Path:
+    p = Path(model_path)
+    st = p.stat()
+    key = hashlib.sha256(f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}|{backend_name}|{threads}".encode())
+    return cache_dir() / "cost-curves" / f"{p.stem}-{backend_name}-t{threads}-{key.hexdigest()[:12]}.json"
+
+
+def cached_cost_curve(backend: Any, max_tokens: int = 9, refresh: bool = False) -> CostCurve:
+    """The curve for this (model, backend, threads), measured once and then read from the cache."""
+    path = curve_cache_path(backend.model_path, backend.name, backend.n_threads)
+    if not refresh and path.is_file():
+        try:
+            curve = CostCurve.load(path)
+            if len(curve.seconds) >= max_tokens:
+                return curve
+        except CostCurveError as exc:  # a damaged cache entry is measured again
+            print(f"promptlookup: warning: cached cost curve unusable, measuring it again ({exc})",
+                  file=sys.stderr)
+    curve = measure_cost_curve(backend, max_tokens=max_tokens)
+    curve.save(path)
+    return curve

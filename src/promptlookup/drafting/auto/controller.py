@@ -1,0 +1,343 @@
+"""The ``auto`` controller: per step, which source to draft from and how many tokens to send.
+
+:class:`AutoDrafter` decides by the most confirmed tokens per second, from the acceptance model
+(:mod:`~promptlookup.drafting.auto.acceptance`), the measured step times
+(:mod:`~promptlookup.drafting.auto.timing`) and the **realized outcomes** of its own choices: per
+kind of choice (source, match bucket, length), the confirmed tokens and seconds of the steps where it
+was taken (:class:`_Ledger`). The prediction of a kind shrinks toward its realized rate as its steps
+accumulate, so a choice the acceptance model likes but that does not pay (against plain steps'
+measured rate) is dropped, and one that pays is kept.
+
+Honest selection. Taking the best of several noisy estimates overestimates the winner (the
+winner's curse): each source's predicted accepted tokens are scaled by its own realized/predicted
+ratio on the steps it won before sources are compared, and realized rates replace predicted ones
+where they exist. Plain steps are still taken now and then (:data:`PLAIN_EVERY`) so the plain
+baseline stays measured, and a source that has not won for a while is asked only every
+:data:`PROBE_EVERY` steps, since asking costs time too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from promptlookup.drafting.auto.acceptance import AcceptanceModel, match_bucket
+from promptlookup.drafting.auto.timing import StepTimes
+from promptlookup.drafting.base import Draft, DraftSource, StepFeedback
+
+HALF_LIFE = 128.0  # steps after which a realized outcome weighs half: choices are re-judged as things drift
+CALIBRATION_STRENGTH = 4.0  # predicted accepted tokens at the prior ratio in a realized/predicted ratio
+PLAIN_EVERY = 64  # a plain step is due after this many steps without one (keeps the baseline measured)
+MIN_PLAIN = 2  # ... and while fewer than this many plain steps were measured in the run
+PROBE_GAIN = 1.5  # a due plain step is taken where the best draft promises less than this gain...
+PROBE_WAIT = 16  # ... or once it has been due this many steps
+IDLE_AFTER = 16  # a source that won none of the last IDLE_AFTER steps it was asked in...
+PROBE_EVERY = 8  # ... is asked only every PROBE_EVERY steps, until it wins again
+_DECAY = 0.5 ** (1.0 / HALF_LIFE)
+CARRY_TRIALS = 8.0  # what one request's acceptance record is worth in the next request
+
+
+@dataclass
+class _Ledger:
+    """Realized outcomes of one kind of choice, older steps weighing less (half-life HALF_LIFE)."""
+
+    n: float = 0.0  # steps
+    accepted: float = 0.0  # accepted drafts
+    predicted: float = 0.0  # accepted drafts the acceptance model predicted
+    tokens: float = 0.0  # confirmed tokens of the steps whose time was measured (feedback)
+    seconds: float = 0.0  # their step seconds, drafting included
+    at: int = 0  # the step the sums are decayed to
+
+    def age(self, now: int) -> _Ledger:
+        if now != self.at:
+            f = _DECAY ** (now - self.at)
+            self.n *= f
+            self.tokens *= f
+            self.seconds *= f
+            self.accepted *= f
+            self.predicted *= f
+            self.at = now
+        return self
+
+    def add(self, now: int, accepted: int, predicted: float) -> None:
+        self.age(now)
+        self.n += 1
+        self.accepted += accepted
+        self.predicted += predicted
+
+    def carry_over(self, max_predicted: float) -> None:
+        if self.predicted > max_predicted:
+            f = max_predicted / self.predicted
+            self.accepted *= f
+            self.predicted = max_predicted
+            self.n *= f
+
+    def timed(self, now: int, tokens: int, seconds: float) -> None:
+        self.age(now)
+        self.tokens += tokens
+        self.seconds += seconds
+
+
+@dataclass
+class _Pending:
+    start: int  # index in the confirmed stream of the first token this draft guessed
+    draft: Draft
+
+
+@dataclass
+class Calibration:
+    """Predicted against realized accepted tokens, over the drafts that were sent to the model."""
+
+    predicted: float = 0.0
+    realized: int = 0
+    chosen_steps: int = 0
+    steps: int = 0
+    per_source: dict[str, int] = field(default_factory=dict)
+    plain_probes: int = 0  # plain steps taken to keep the plain baseline measured
+    asked: int = 0  # proposals asked of the sources (at most sources x steps)
+
+    @property
+    def ratio(self) -> float:
+        return self.realized / self.predicted if self.predicted > 0 else 0.0
+
+
+@dataclass
+class _Choice:
+    """What :meth:`AutoDrafter.propose` decided, kept until the step's feedback arrives."""
+
+    key: tuple[str, int, int] | None  # (source, match bucket, length); None: a plain step
+
+
+class AutoDrafter:
+    """``--speculate auto``: pick the source and draft length per step by measured tokens per second."""
+
+    name = "auto"
+
+    def __init__(self, sources: Sequence[DraftSource], rel_cost: Sequence[float], max_draft: int = 8,
+                 model: AcceptanceModel | None = None, margin: float = 0.0) -> None:
+        if not sources:
+            raise ValueError("auto speculation needs at least one draft source")
+        if len(rel_cost) < 2 or rel_cost[0] <= 0:
+            raise ValueError("the relative cost curve needs the 1-token cost and at least one more")
+        self.sources = list(sources)
+        self.rel_cost = [c / rel_cost[0] for c in rel_cost]
+        self.max_draft = max_draft
+        self.margin = margin
+        self.model = model or AcceptanceModel()
+        self.calibration = Calibration()
+        self.times = StepTimes(self.rel_cost)
+        self._arms: dict[tuple[str, int, int], _Ledger] = {}
+        self._by_source: dict[str, _Ledger] = {}
+        self._idle = [0] * len(self.sources)  # asked steps since each source last won
+        self._since_plain = 0
+        self._step = 0
+        self._last: _Choice | None = None
+        self._stream: list[int] = []
+        self._told = [0] * len(self.sources)  # tokens of the stream each source has been told
+        self._pending: list[_Pending] = []
+        # start of the step -> (kind of choice: source, bucket, tokens sent; predicted accepted tokens)
+        self._chosen: dict[int, tuple[tuple[str, int, int], float]] = {}
+
+    def reset(self, prompt: Sequence[int]) -> None:
+        """A new request: the sources restart; what was learned about time stays, and what was
+        learned about acceptance carries over as a prior worth :data:`CARRY_TRIALS` observations."""
+        if self._stream:
+            self.model.carry_over(CARRY_TRIALS)
+            for led in (*self._arms.values(), *self._by_source.values()):
+                led.carry_over(CARRY_TRIALS)
+        for i, s in enumerate(self.sources):
+            self._tell(i)  # a source that records a request when the next one starts sees all of it
+            s.reset(prompt)
+        self._stream = []
+        self._told = [0] * len(self.sources)
+        self._pending = []
+        self._chosen = {}
+        self._last = None
+
+    def commit(self) -> None:
+        """End of a request: sources that learn across requests (lookup's dynamic cache) keep it."""
+        for i, s in enumerate(self.sources):
+            self._tell(i)
+            s.commit()
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """The confirmed tokens are kept here and told to each source when it is next asked
+        (:meth:`_tell`): a source's proposal depends only on the tokens it has seen, so telling it
+        several at once changes nothing but the cost, which is one call per source per step instead
+        of two, and one per :data:`PROBE_EVERY` steps for a source that is asked rarely."""
+        self._stream.extend(int(t) for t in tokens)
+        self._resolve()
+
+    def _tell(self, i: int) -> None:
+        told, n = self._told[i], len(self._stream)
+        if told < n:
+            self.sources[i].extend(self._stream[told:])
+            self._told[i] = n
+
+    def _resolve(self) -> None:
+        """Score every pending proposal whose outcome the confirmed tokens now decide."""
+        n = len(self._stream)
+        still: list[_Pending] = []
+        for pend in self._pending:
+            toks = pend.draft.tokens
+            m = 0
+            while m < len(toks) and pend.start + m < n and toks[m] == self._stream[pend.start + m]:
+                m += 1
+            decided = m == len(toks) or pend.start + m < n
+            if not decided:
+                still.append(pend)
+                continue
+            self.model.observe(pend.draft.source, pend.draft.match_len, len(toks), m)
+            chosen = self._chosen.get(pend.start)
+            if chosen is not None and chosen[0][0] == pend.draft.source:
+                del self._chosen[pend.start]
+                key, predicted = chosen
+                accepted = min(m, key[2])
+                self.calibration.predicted += predicted
+                self.calibration.realized += accepted
+                # the realized/predicted ratios that correct the winner's curse (known from the
+                # tokens alone, so they work without the loop's feedback too)
+                for led in (self._arms.setdefault(key, _Ledger(at=self._step)),
+                            self._by_source.setdefault(key[0], _Ledger(at=self._step))):
+                    led.add(self._step, accepted, predicted)
+        self._pending = still
+
+    # -- what a choice is worth -----------------------------------------------------------------
+    def source_ratio(self, source: str) -> float:
+        """Realized over predicted accepted drafts on the steps ``source`` won (1 before any),
+        shrunk toward 1 by :data:`CALIBRATION_STRENGTH` tokens: the winner's-curse correction."""
+        led = self._by_source.get(source)
+        if led is None:
+            return 1.0
+        led.age(self._step)
+        return (led.accepted + CALIBRATION_STRENGTH) / (led.predicted + CALIBRATION_STRENGTH)
+
+    def plain_rate(self) -> float:
+        """Tokens per second of a plain step (in plain-decode units before any feedback)."""
+        return 1.0 / self.times.step(1)
+
+    def choice_ratio(self, source: str, match_len: int, k: int, ratio: float | None = None,
+                     bucket: int | None = None) -> float:
+        """Realized over predicted accepted drafts on the steps where this kind of choice (source,
+        match bucket, length) was taken, shrunk toward its source's ratio: a kind the acceptance
+        model overrates is scaled down by its own record, older steps weighing less."""
+        if ratio is None:
+            ratio = self.source_ratio(source)
+        led = self._arms.get((source, match_bucket(match_len) if bucket is None else bucket, k))
+        if led is None:
+            return ratio
+        led.age(self._step)
+        return (led.accepted + CALIBRATION_STRENGTH * ratio) / (led.predicted + CALIBRATION_STRENGTH)
+
+    def rate(self, source: str, match_len: int, k: int, expected: float | None = None,
+             ratio: float | None = None, bucket: int | None = None) -> float:
+        """Expected confirmed tokens per second of sending ``k`` drafts of this source and match
+        length: the accepted drafts the acceptance model predicts, scaled by what this kind of
+        choice realized (:meth:`choice_ratio`), plus the model's own token, over the measured
+        seconds of a step of that width (drafting included). Tokens are judged per kind of choice
+        and seconds per width, so a change of cost (drift) shows in every choice at once."""
+        if expected is None:
+            expected = self.model.expected(source, match_len, k)[k]
+        rho = self.choice_ratio(source, match_len, k, ratio, bucket)
+        return (1.0 + rho * (expected - 1.0)) / self.times.step(k + 1)
+
+    def realized(self) -> dict[tuple[str, int, int], tuple[float, float]]:
+        """Per kind of choice taken: (steps, measured seconds per confirmed token), decayed like
+        the ratios; plain steps' seconds per token is ``times.step(1)``."""
+        out = {}
+        for key, led in self._arms.items():
+            led.age(self._step)
+            if led.tokens > 0:
+                out[key] = (led.n, led.seconds / led.tokens)
+        return out
+
+    def _plain_due(self, gain: float) -> bool:
+        """Whether to decode plainly although a draft looks better: the plain baseline is what
+        every choice is judged against, so it must be measured early (:data:`MIN_PLAIN` steps) and
+        again every :data:`PLAIN_EVERY` steps, at a step where the draft promises little."""
+        if not self.times.measured:  # no feedback (yet): nothing to measure the baseline for
+            return False
+        due = self._since_plain - PLAIN_EVERY if self.times.count[0] >= MIN_PLAIN else self._step - 1
+        return due >= 0 and (gain < PROBE_GAIN or due >= PROBE_WAIT)
+
+    def _ask(self, i: int) -> bool:
+        return self._idle[i] < IDLE_AFTER or (self._step + i) % PROBE_EVERY == 0
+
+    def propose(self, k: int) -> Draft:
+        start = len(self._stream)
+        self._step += 1
+        self._since_plain += 1
+        cal = self.calibration
+        cal.steps += 1
+        plain = self.plain_rate() * (1.0 + self.margin)
+        best: Draft | None = None
+        best_i, best_k, best_rate, best_pred = -1, 0, plain, 0.0
+        depth = min(k, self.max_draft)
+        for i, source in enumerate(self.sources):
+            if not self._ask(i):
+                continue
+            cal.asked += 1
+            self._idle[i] += 1  # restarts below if this source wins
+            self._tell(i)
+            d = source.propose(self.max_draft)
+            if not d.tokens:
+                continue
+            self._pending.append(_Pending(start, d))
+            top = min(len(d.tokens), depth)
+            e = self.model.expected(d.source, d.match_len, top)
+            ratio = self.source_ratio(d.source)
+            bucket = match_bucket(d.match_len)
+            for kk in range(1, top + 1):
+                r = self.rate(d.source, d.match_len, kk, e[kk], ratio, bucket)
+                if r > best_rate + 1e-12:
+                    best, best_i, best_k, best_rate, best_pred = d, i, kk, r, e[kk] - 1.0
+        if best_i >= 0:
+            self._idle[best_i] = 0
+        if best is not None and self._plain_due(best_rate / plain):
+            best = None  # a plain step now and then keeps the baseline measured as the curve drifts
+            cal.plain_probes += 1
+        if best is None:
+            self._last = _Choice(None)
+            self._since_plain = 0
+            return Draft(source=self.name)
+        # One chosen draft per step; the pending entry of that source carries the outcome.
+        key = (best.source, match_bucket(best.match_len), best_k)
+        self._chosen[start] = (key, best_pred)
+        self._last = _Choice(key)
+        cal.chosen_steps += 1
+        cal.per_source[best.source] = cal.per_source.get(best.source, 0) + 1
+        return Draft(tokens=best.tokens[:best_k], source=best.source, match_len=best.match_len,
+                     features={**best.features, "expected_tokens": best_pred + 1.0, "rate": best_rate})
+
+    def feedback(self, step: StepFeedback) -> None:
+        """The step after :meth:`propose` took ``step.verify_s + step.draft_s`` seconds and confirmed
+        ``step.confirmed`` tokens: the time model learns what that width costs now, and a drafted
+        step's seconds per token are booked to its kind of choice (:meth:`realized`)."""
+        choice, self._last = self._last, None
+        if choice is None:
+            return
+        self.times.observe(step.fed, step.verify_s, step.draft_s)
+        if choice.key is None:
+            self._since_plain = 0
+            return
+        led = self._arms.setdefault(choice.key, _Ledger(at=self._step))
+        led.timed(self._step, step.confirmed, step.verify_s + step.draft_s)
+
+    def report(self) -> dict[str, Any]:
+        """What this drafter chose so far (see :func:`promptlookup.drafting.base.report_of`): steps,
+        drafted steps per source, predicted against realized accepted tokens, plain probes, proposals
+        asked, and ``summary``, the one line the CLI prints after a generation."""
+        cal, t = self.calibration, self.times
+        proposals = cal.steps * len(self.sources)
+        used = ", ".join(f"{k} on {v}" for k, v in sorted(cal.per_source.items())) or "none"
+        line = (f"auto: drafted on {cal.chosen_steps} of {cal.steps} steps ({used}); "
+                f"predicted {cal.predicted:.1f} accepted tokens, realized {cal.realized} "
+                f"(calibration {cal.ratio:.2f})")
+        if t.measured:
+            line += (f"; measured plain step {1000 * t.step(1):.2f} ms, drafting {1000 * t.overhead:.3f} ms "
+                     f"a step, {cal.plain_probes} plain probes, {cal.asked} of {proposals} proposals asked")
+        return {"steps": cal.steps, "drafted_steps": cal.chosen_steps, "per_source": dict(cal.per_source),
+                "predicted": cal.predicted, "realized": cal.realized, "calibration": cal.ratio,
+                "plain_probes": cal.plain_probes, "asked": cal.asked, "proposals": proposals,
+                "summary": line}
