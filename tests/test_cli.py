@@ -154,10 +154,10 @@ def test_cost_curve_needs_auto(capsys):
 
 
 def test_generate_defaults_to_auto_and_off_is_a_flag():
-    from promptlookup.cli import _generate_spec, build_parser
+    from promptlookup.cli import GENERATE_SOURCES, _spec, build_parser
 
     def spec(*argv):
-        return _generate_spec(build_parser().parse_args(["generate", "-p", "hi", *argv]))
+        return _spec(build_parser().parse_args(["generate", "-p", "hi", *argv]), GENERATE_SOURCES)
 
     assert spec().name == "auto"
     assert spec("--speculate", "auto").name == "auto"
@@ -236,3 +236,47 @@ def test_sampled_report_names_the_seed(tmp_path):
     assert proc.returncode == 0, proc.stderr
     line = [ln for ln in proc.stderr.splitlines() if ln.startswith("sampling:")]
     assert len(line) == 1 and "temp 0.8" in line[0] and "--seed" in line[0]
+
+
+# -- one vocabulary: --speculate SPEC, shorthands, flags generated from the sources' OPTIONS ----------
+def _generate_spec(*argv: str) -> str:
+    from promptlookup.cli import GENERATE_SOURCES, _spec, build_parser
+
+    return _spec(build_parser().parse_args(["generate", "-p", "x", *argv]), GENERATE_SOURCES).label
+
+
+def test_speculate_spec_and_flags_make_one_spec():
+    assert _generate_spec() == "auto"
+    assert _generate_spec("--ngram") == "ngram:draft=3:min=3:max=16"
+    spec = _generate_spec("--speculate", "ngram:draft=4", "--ngram-min-match", "5")
+    assert spec == "ngram:draft=4:min=5:max=16"
+    assert _generate_spec("--speculate", "off") == "off"
+    assert _generate_spec("--suffix", "--suffix-corpus", "c.plsa") == "suffix:draft=3:corpus=c.plsa"
+
+
+def test_a_setting_given_twice_differently_is_refused(capsys):
+    code, _, err = run_main(capsys, "generate", "-p", "x", "--speculate", "ngram:draft=4", "--draft", "5")
+    assert code == 2 and err == "promptlookup: error: --draft 5 disagrees with --speculate ngram:draft=4\n"
+    code, _, err = run_main(capsys, "generate", "-p", "x", "--speculate", "nope")
+    assert code == 2 and "unknown draft source 'nope'" in err
+    code, _, err = run_main(capsys, "generate", "-p", "x", "--ngram", "--suffix-corpus", "c.plsa")
+    assert code == 2 and err == ("promptlookup: error: --suffix-corpus only applies with --suffix or "
+                                 "--speculate auto\n")
+
+
+def test_source_flags_take_bounds_and_help_from_the_options(capsys):
+    from promptlookup.cli import build_parser
+    from promptlookup.drafting.ngram.source import OPTIONS
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["generate", "--ngram-min-match", "0"])
+    assert "--ngram-min-match must be 1..1024, got 0" in capsys.readouterr().err
+    sub = build_parser()._subparsers._group_actions[0].choices  # noqa: SLF001 - argparse keeps them here
+    helps = {a.option_strings[0]: a.help for a in sub["generate"]._actions if a.option_strings}
+    assert helps["--ngram-min-match"] == OPTIONS["min"].describe() == (
+        "shortest matching run allowed to draft; 1..1024; default 3")
+    serve = {s: a.dest for a in sub["serve"]._actions for s in a.option_strings}
+    assert serve["--history"] == serve["--suffix-history"] == "suffix_history"  # the old name, an alias
+    assert "--draft" not in serve  # one source's settings go in the server's --speculate SPEC
+    stats = build_parser().parse_args(["stats", "-f", "t", "--source", "ngram"])  # the old name
+    assert stats.speculate == "ngram"

@@ -19,7 +19,6 @@ MAX_THREADS = 512  # llama.cpp's GGML_MAX_N_THREADS; past the cores more threads
 MAX_CTX = 1 << 20  # tokens; a model's own limit (training context, memory) is checked when it loads
 MAX_PREDICT = MAX_CTX
 MAX_REPEAT = 1000
-MAX_HISTORY_BUDGET = 1 << 32  # tokens; the history file stores sizes as u64 but 4 bytes per token
 
 
 def max_workers() -> int:
@@ -123,18 +122,50 @@ def _add_model_args(p: argparse.ArgumentParser, backend: bool = False) -> None:
                    help="context size in tokens (default 4096; at most the model's training context)")
 
 
-def _add_draft_args(p: argparse.ArgumentParser) -> None:
-    from promptlookup.drafting.ngram.source import DEFAULT_MAX_MATCH, DEFAULT_MIN_MATCH, MAX_MATCH_LIMIT
+def _option_type(opt):
+    """argparse's type for a source setting's flag: :meth:`Option.parse`, its bounds and message."""
+    from promptlookup.drafting.spec import SpecError
 
-    p.add_argument("--draft", type=_int_in(1, MAX_DRAFT, "--draft"), default=3,
-                   help=f"tokens drafted per verify batch, 1..{MAX_DRAFT} (default 3)")
-    p.add_argument("--ngram-min-match", type=_int_in(1, MAX_MATCH_LIMIT, "--ngram-min-match"),
-                   default=DEFAULT_MIN_MATCH,
-                   help=f"shortest matching run allowed to draft (default {DEFAULT_MIN_MATCH})")
-    p.add_argument("--ngram-max-match", type=_int_in(1, MAX_MATCH_LIMIT, "--ngram-max-match"),
-                   default=DEFAULT_MAX_MATCH,
-                   help=f"longest suffix compared when matching, 1..{MAX_MATCH_LIMIT} "
-                        f"(default {DEFAULT_MAX_MATCH})")
+    def parse(text: str):
+        try:
+            return opt.parse("", opt.flag, text)
+        except SpecError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
+def _add_source_flags(p: argparse.ArgumentParser, sources: Sequence[str], keys: Sequence[str] | None = None,
+                      aliases: dict[str, tuple[str, ...]] | None = None) -> None:
+    """The flags of ``sources``' settings, generated from their ``OPTIONS`` (one flag per setting,
+    a flag shared by several sources once; ``keys``: only these settings; ``aliases``: older names
+    a command keeps for a flag). Type, bounds, default and help all come from the
+    :class:`~promptlookup.drafting.spec.Option`, so they are written once."""
+    from promptlookup.drafting.spec import options_of
+
+    seen: set[str] = set()
+    for name in sources:
+        for key, opt in options_of(name).items():
+            if opt.flag is None or opt.flag in seen or (keys is not None and key not in keys):
+                continue
+            seen.add(opt.flag)
+            metavar = "FILE" if opt.kind is str else ("TOKENS" if key == "budget" else "N")
+            p.add_argument(opt.flag, *(aliases or {}).get(opt.flag, ()), dest=opt.dest, metavar=metavar,
+                           type=_option_type(opt) if opt.kind is not str else str, default=opt.default,
+                           help=opt.describe())
+
+
+def _add_speculate_flags(p: argparse.ArgumentParser, default: str, shorthands: Sequence[str]) -> None:
+    """``--speculate SPEC`` (the one vocabulary: ``auto``, ``off``, ``ngram:draft=4:min=5``, ...) and
+    its shorthands (``--ngram`` = ``--speculate ngram``), mutually exclusive."""
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--speculate", metavar="SPEC",
+                     help=f"draft source setting (default {default}): off, ngram, lookup, suffix, auto, with "
+                          "settings as name:key=value, e.g. ngram:draft=4:min=5")
+    for name in shorthands:
+        how.add_argument(f"--{name}", dest="shorthand", action="store_const", const=name,
+                         help=f"the same as --speculate {name}")
+    p.set_defaults(shorthand=None, speculate_default=default)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -154,27 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--system", help="system message for --chat")
     g.add_argument("-n", "--n-predict", type=_int_in(1, MAX_PREDICT, "--n-predict"), default=256,
                    help="maximum tokens to generate (default 256)")
-    how = g.add_mutually_exclusive_group()
-    how.add_argument("--ngram", action="store_true",
-                     help="draft what followed the longest earlier match of the last tokens")
-    how.add_argument("--lookup", action="store_true", help="draft by llama.cpp's n-gram caches")
-    how.add_argument("--suffix", action="store_true",
-                     help="draft from a suffix automaton over the request and --suffix-history")
-    how.add_argument("--speculate", choices=("auto", "off"),
-                     help="auto (the default): per step, pick the source and draft length (0 = plain "
-                          "decode) with the most confirmed tokens per measured second; off: plain decoding")
-    g.add_argument("--cost-curve", metavar="FILE",
-                   help="verify cost curve (JSON) for --speculate auto instead of measuring one")
-    _add_lookup_cache_args(g)
-    g.add_argument("--suffix-history", metavar="FILE",
-                   help="earlier requests for --suffix / auto: loaded at start, this run added and saved")
-    g.add_argument("--suffix-history-budget",
-                   type=_int_in(1, MAX_HISTORY_BUDGET, "--suffix-history-budget"),
-                   metavar="TOKENS", help="history memory budget in tokens; the oldest requests go first")
-    g.add_argument("--suffix-corpus", metavar="FILE",
-                   help="corpus suffix-array index (promptlookup index) for --suffix / auto: long matches "
-                        "into a static corpus")
-    _add_draft_args(g)
+    _add_speculate_flags(g, "auto", ("ngram", "lookup", "suffix"))
+    _add_source_flags(g, ("ngram", "lookup", "suffix", "auto"))
     _add_sampling_args(g)
     g.add_argument("--logprobs", type=_int_in(0, 20, "--logprobs"), metavar="N",
                    help="with --json: each token's log-probability (raw model distribution) and the "
@@ -262,18 +274,14 @@ def _add_serve_command(sub) -> None:
     s.add_argument("--speculate", default=DEFAULT_SPECULATE, metavar="SPEC",
                    help=f"draft source for requests that do not choose one (default {DEFAULT_SPECULATE}; "
                         "off, ngram, lookup, suffix, ngram:draft=4, ...); a request may set `speculate`")
-    s.add_argument("--history", metavar="FILE",
-                   help="suffix history shared by every request: loaded at start (a corrupt or foreign "
-                        "file is refused), saved atomically every --history-save-every requests and at exit")
-    s.add_argument("--history-budget", type=_int_in(1, MAX_HISTORY_BUDGET, "--history-budget"),
-                   metavar="TOKENS", help="history size in tokens; the oldest requests go first")
+    # the run-wide files every request's sources share (settings of one source go in --speculate);
+    # --history and --history-budget are the names this command had
+    _add_source_flags(s, ("suffix", "lookup", "auto"),
+                      keys=("history", "budget", "corpus", "static", "curve"),
+                      aliases={"--suffix-history": ("--history",),
+                               "--suffix-history-budget": ("--history-budget",)})
     s.add_argument("--history-save-every", type=_int_in(1, None, "--history-save-every"), default=8,
                    metavar="N", help="save the history after every N finished requests (default 8)")
-    s.add_argument("--suffix-corpus", metavar="FILE",
-                   help="corpus suffix-array index (promptlookup index) for suffix / auto")
-    s.add_argument("--lookup-cache-static", metavar="FILE", help="static 2-gram cache for lookup / auto")
-    s.add_argument("--cost-curve", metavar="FILE",
-                   help="auto's verify cost curve (JSON) instead of measuring one")
     s.add_argument("--max-queue", type=_int_in(0, 1 << 16, "--max-queue"), default=64, metavar="N",
                    help="requests that may wait behind the one generating (default 64); beyond: 503 "
                         "with Retry-After")
@@ -308,18 +316,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = Settings(max_queue=args.max_queue, timeout=args.timeout, api_key=key, max_body=args.max_body,
                         model_alias=args.model_alias, history_save_every=args.history_save_every)
     engine = Engine(args.model, args.backend, threads=args.threads, n_ctx=args.ctx_size, speculate=spec,
-                    history=args.history, history_budget=args.history_budget, corpus=args.suffix_corpus,
+                    history=args.suffix_history, history_budget=args.suffix_history_budget,
+                    corpus=args.suffix_corpus,
                     lookup_static=args.lookup_cache_static, cost_curve=args.cost_curve)
     try:
         return run_server(engine, settings, args.host, args.port)
     finally:
         engine.close()
-
-
-def _add_lookup_cache_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--lookup-cache-static", metavar="FILE", help="static 2-gram cache (either format)")
-    p.add_argument("--lookup-cache-dynamic", metavar="FILE",
-                   help="dynamic cache (llama.cpp format): loaded at start; generate also saves it")
 
 
 def _add_corpus_args(p, output_metavar: str, output_help: str) -> None:
@@ -354,11 +357,10 @@ def _add_lookup_commands(sub) -> None:
     st = sub.add_parser("stats", help="replay a text as if generated and report drafting (lookup-stats)")
     _add_model_args(st)
     st.add_argument("-f", "--file", required=True, metavar="TEXT", help="text to replay")
-    _add_lookup_cache_args(st)
-    _add_draft_args(st)
-    st.add_argument("--source", choices=("lookup", "ngram", "suffix"), default="lookup",
-                    help="draft source")
-    st.add_argument("--suffix-corpus", metavar="FILE", help="corpus suffix-array index for --source suffix")
+    _add_speculate_flags(st, "lookup", ("ngram", "lookup", "suffix"))
+    st.add_argument("--source", choices=("lookup", "ngram", "suffix"), dest="speculate",
+                    help=argparse.SUPPRESS)  # the old name of --speculate here, kept for a release
+    _add_source_flags(st, ("ngram", "lookup", "suffix"))
     st.add_argument("--json", action="store_true", help="print one JSON object")
     st.add_argument("--check-files", "--verify", dest="check_files", action="store_true",
                     help="full body check of the static cache and corpus index at open (reads the whole "
@@ -405,17 +407,28 @@ def _load_backend(args: argparse.Namespace):
 # how each command's flags select a draft source (drafting/spec.py builds it from the rest of the flags)
 GENERATE_SOURCES = {"off": "--speculate off", "ngram": "--ngram", "lookup": "--lookup", "suffix": "--suffix",
                     "auto": "--speculate auto"}
-STATS_SOURCES = {"lookup": "--source lookup", "ngram": "--source ngram", "suffix": "--source suffix"}
+STATS_SOURCES = {"lookup": "--lookup", "ngram": "--ngram", "suffix": "--suffix"}
 
 
-def _generate_spec(args: argparse.Namespace):
-    from promptlookup.drafting.spec import SourceSpec
+def _spec(args: argparse.Namespace, offered: dict[str, str]):
+    """The draft source a command's flags ask for: ``--speculate SPEC`` or a shorthand (else the
+    command's default), plus the settings its source flags give. A setting written in SPEC and given
+    another value by its flag is an error, not a silent choice."""
+    from promptlookup.drafting.spec import SourceSpec, options_of
 
-    # auto is the default: on every workload of the bench it holds plain decoding's floor
-    # (docs/results.md, "auto, closed on measured time"); --speculate off is plain decoding.
-    name = next((n for n, on in (("ngram", args.ngram), ("lookup", args.lookup), ("suffix", args.suffix),
-                                 ("off", args.speculate == "off")) if on), "auto")
-    return SourceSpec.from_args(args, name, GENERATE_SOURCES)
+    written = SourceSpec.parse(args.shorthand or args.speculate or args.speculate_default)
+    if written.name not in offered:
+        raise UsageError(f"--speculate {written.name}: this command offers {', '.join(offered)}")
+    flags = SourceSpec.from_args(args, written.name, offered)
+    opts = dict(written.options)
+    declared = options_of(written.name)
+    for key, value in flags.options:
+        if key in opts and declared[key].parse("", key, opts[key]) != declared[key].parse("", key, value):
+            if str(value) != str(declared[key].default):
+                raise UsageError(f"{declared[key].flag} {value} disagrees with --speculate {written.label}")
+            continue  # the flag's default: the spec's value stands
+        opts.setdefault(key, value)
+    return SourceSpec(written.name, tuple(opts.items()), from_flags=True).check()
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -425,7 +438,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     if args.system is not None and not args.chat:
         raise UsageError("--system only applies with --chat")
-    spec = _generate_spec(args)  # every flag checked before the model loads
+    spec = _spec(args, GENERATE_SOURCES)  # every flag checked before the model loads
     if args.logprobs is not None and not args.json:
         raise UsageError("--logprobs needs --json")
     history = spec.get("history")
@@ -544,10 +557,9 @@ def cmd_index(args: argparse.Namespace) -> int:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     from promptlookup.backends.models import resolve_model
-    from promptlookup.drafting.spec import SourceSpec
     from promptlookup.measure.stats import cost_simulation, curve_from_arg, run_stats
 
-    spec = SourceSpec.from_args(args, args.source, STATS_SOURCES)
+    spec = _spec(args, STATS_SOURCES)
     model = str(resolve_model(args.model))
     curve = curve_from_arg(args.cost_curve) if args.cost_curve else None  # bad input fails before the replay
     st = run_stats(args.file, model, args.ctx_size, spec, verify=args.check_files, reference=args.reference)

@@ -43,13 +43,16 @@ class SpecError(UsageError, ValueError):
 
 @dataclass(frozen=True)
 class Option:
-    """One setting of a source: its type, default, bounds and the CLI flag that sets it."""
+    """One setting of a source: its type, default, bounds, the CLI flag that sets it and the flag's
+    help. The command line's source flags are generated from these (``cli.py``), so a setting's
+    bounds and default are written once, here in its source's ``OPTIONS``."""
 
     kind: type = int  # int, float or str (a path)
     default: Any = None
     lo: float | None = None
     hi: float | None = None
     flag: str | None = None  # e.g. "--ngram-min-match"; None: settable in a spec string only
+    help: str = ""  # what the setting does (the flag's help; the default and bounds are added to it)
 
     @property
     def dest(self) -> str | None:
@@ -57,18 +60,31 @@ class Option:
         return self.flag.lstrip("-").replace("-", "_") if self.flag else None
 
     def parse(self, where: str, key: str, text: str) -> Any:
+        """``text`` as this setting's value; :class:`SpecError` names ``where: key`` (or ``key``
+        alone when ``where`` is empty, as for a flag) and what was wrong."""
+        name = f"{where}: {key}" if where else key
         try:
             value = self.kind(text)
         except ValueError:
             kind = {int: "an integer", float: "a number"}.get(self.kind, self.kind.__name__)
-            raise SpecError(f"{where}: {key} must be {kind}, got {text!r}") from None
+            raise SpecError(f"{name} must be {kind}, got {text!r}") from None
         if (self.lo is not None and value < self.lo) or (self.hi is not None and value > self.hi):
             bound = f"{self.lo}..{self.hi}" if self.hi is not None else f">= {self.lo}"
-            raise SpecError(f"{where}: {key} must be {bound}, got {value}")
+            raise SpecError(f"{name} must be {bound}, got {value}")
         return value
 
+    def describe(self) -> str:
+        """The flag's help: what it does, its bounds and default."""
+        parts = [self.help] if self.help else []
+        if self.lo is not None:
+            parts.append(f"{self.lo}..{self.hi}" if self.hi is not None else f">= {self.lo}")
+        if self.default is not None:
+            parts.append(f"default {self.default}")
+        return "; ".join(parts)
 
-DRAFT = Option(int, 3, 1, MAX_DRAFT, "--draft")  # tokens drafted per verify batch (every fixed source)
+
+DRAFT = Option(int, 3, 1, MAX_DRAFT, "--draft", "tokens drafted per verify batch (every fixed source; "
+               "auto chooses up to 8)")
 
 
 def module_of(name: str) -> ModuleType:

@@ -41,7 +41,8 @@ def weighed(role: str) -> tuple[str, ...]:
 
 OPTIONS = {
     "sources": Option(str, "+".join(weighed(ALWAYS) + weighed(NAMED))),
-    "curve": Option(str, None, flag="--cost-curve"),  # verify cost curve (JSON) instead of measuring one
+    "curve": Option(str, None, flag="--cost-curve",
+                    help="auto's verify cost curve (JSON, promptlookup curve -o) instead of measuring one"),
     "margin": Option(float, 0.0),  # a draft must beat plain decoding's rate by this fraction
     **{k: v for name in weighed(NAMED) for k, v in options_of(name).items() if k != "draft"},
 }

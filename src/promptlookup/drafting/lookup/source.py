@@ -354,8 +354,10 @@ class LookupSource(TokenBuffer):
 AUTO_WEIGHED = "named"  # auto weighs it when its sources= names it (see drafting/auto/source.py)
 OPTIONS = {
     "draft": DRAFT,
-    "static": Option(str, None, flag="--lookup-cache-static"),  # static 2-gram cache (either format)
-    "dynamic": Option(str, None, flag="--lookup-cache-dynamic"),  # llama.cpp format; saved back by save()
+    "static": Option(str, None, flag="--lookup-cache-static",
+                     help="static 2-gram cache for lookup / auto (promptlookup create; either format)"),
+    "dynamic": Option(str, None, flag="--lookup-cache-dynamic",
+                      help="dynamic cache (llama.cpp format) for lookup: loaded at start, saved at the end"),
 }
 
 

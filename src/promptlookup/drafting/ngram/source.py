@@ -195,8 +195,10 @@ AUTO_WEIGHED = "always"
 AUTO_MAX_MATCH = 64
 OPTIONS = {
     "draft": DRAFT,
-    "min": Option(int, DEFAULT_MIN_MATCH, 1, MAX_MATCH_LIMIT, "--ngram-min-match"),
-    "max": Option(int, DEFAULT_MAX_MATCH, 1, MAX_MATCH_LIMIT, "--ngram-max-match"),
+    "min": Option(int, DEFAULT_MIN_MATCH, 1, MAX_MATCH_LIMIT, "--ngram-min-match",
+                  "shortest matching run allowed to draft"),
+    "max": Option(int, DEFAULT_MAX_MATCH, 1, MAX_MATCH_LIMIT, "--ngram-max-match",
+                  "longest suffix compared when matching"),
 }
 
 

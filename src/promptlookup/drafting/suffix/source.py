@@ -548,9 +548,14 @@ class SuffixSource(TokenBuffer):
 AUTO_WEIGHED = "named"  # auto weighs it when its sources= names it (see drafting/auto/source.py)
 OPTIONS = {
     "draft": DRAFT,
-    "history": Option(str, None, flag="--suffix-history"),  # earlier requests: loaded, saved back by save()
-    "budget": Option(int, None, 1, None, "--suffix-history-budget"),  # history memory, in tokens
-    "corpus": Option(str, None, flag="--suffix-corpus"),  # a corpus suffix array (promptlookup index)
+    "history": Option(str, None, flag="--suffix-history",
+                      help="earlier requests for suffix / auto: loaded at start (a corrupt or foreign "
+                           "file is refused), this run's requests added and saved atomically"),
+    "budget": Option(int, None, 1, 1 << 32, "--suffix-history-budget",
+                     "history memory in tokens; the oldest requests go first"),
+    "corpus": Option(str, None, flag="--suffix-corpus",
+                     help="corpus suffix-array index (promptlookup index) for suffix / auto: long matches "
+                          "into a static corpus"),
 }
 
 
