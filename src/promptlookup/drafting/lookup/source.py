@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from numba import njit
 
-from promptlookup.drafting.base import Draft, StepFeedback, TokenBuffer, make_draft
+from promptlookup.drafting.base import Draft, StepFeedback, TokenBuffer, compiled_entry, make_draft
 from promptlookup.drafting.lookup.cache import (
     NGRAM_MAX,
     NGRAM_STATIC,
@@ -303,6 +303,11 @@ class LookupSource(TokenBuffer):
         self.dynamic = dynamic if dynamic is not None else NgramCache(16)
         self.context = NgramCache()
         self._info = np.zeros(4, dtype=np.int64)
+        # the compiled build for this source's own argument types (fixed for its life: the caches'
+        # bundles are rebuilt on growth with the same types): a call skips numba's type dispatch,
+        # which for three NamedTuples of arrays costs more than the draft itself
+        self._kernel = compiled_entry(_draft, self._buf, 0, 0, self.context.tables, self.dynamic.tables,
+                                      self.static.arrays, self._info)
 
     def reset(self, prompt: Sequence[int]) -> None:
         self.context.clear()
@@ -321,7 +326,8 @@ class LookupSource(TokenBuffer):
             return make_draft((), self.name)
         self._room(self._n + k)
         self._info[:] = 0
-        d = draft_into(self._buf, self._n, k, self.context, self.dynamic, self.static, self._info)
+        d = self._kernel(self._buf, self._n, k, self.context.tables, self.dynamic.tables, self.static.arrays,
+                         self._info)
         if not d:  # nothing drafted: info stays zero
             return make_draft((), self.name)
         origin, size, count, total = self._info.tolist()

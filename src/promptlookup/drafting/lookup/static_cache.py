@@ -130,6 +130,12 @@ class StaticCache:
         self.key_off = arrays["key_off"]
         self.fol_token = arrays["fol_token"]
         self.fol_count = arrays["fol_count"]
+        self._bundle()
+
+    def _bundle(self) -> None:
+        # made once (and again by close): a NamedTuple costs more to build than the draft it feeds
+        self._arrays = StaticArrays(self.first_off, self.key_second, self.key_draft, self.key_total,
+                                    self.key_off, self.fol_token, self.fol_count)
 
     @property
     def n_keys(self) -> int:
@@ -142,8 +148,7 @@ class StaticCache:
     @property
     def arrays(self) -> StaticArrays:
         """The arrays as the numba draft takes them: one bundle, fields by name."""
-        return StaticArrays(self.first_off, self.key_second, self.key_draft, self.key_total, self.key_off,
-                            self.fol_token, self.fol_count)
+        return self._arrays
 
     def key_index(self, t0: int, t1: int) -> int:
         return int(static_key(self.first_off, self.key_second, t0, t1))
@@ -172,10 +177,14 @@ class StaticCache:
                 np.asarray(self.fol_token, dtype=np.int32), np.asarray(self.fol_count, dtype=np.int64))
 
     def close(self) -> None:
-        # Arrays viewing the map must go before the map can close.
-        for name in ("first_off", "key_second", "key_draft", "key_total", "key_off", "fol_token",
-                     "fol_count"):
-            setattr(self, name, np.zeros(0, dtype=getattr(self, name).dtype))
+        # Arrays viewing the map must go before the map can close. Empty arrays of the same types
+        # (read-only stays read-only): a source holding a compiled build for them stays sound.
+        for name in StaticArrays._fields:
+            old = getattr(self, name)
+            empty = np.zeros(0, dtype=old.dtype)
+            empty.flags.writeable = old.flags.writeable
+            setattr(self, name, empty)
+        self._bundle()
         if self._mm is not None:
             # a caller may still hold a view: then the map closes when it is collected
             with contextlib.suppress(BufferError):

@@ -193,6 +193,7 @@ class CorpusIndex:
         self.fingerprint = fingerprint
         self.crc = crc
         self._mm = mm
+        self._arrays = CorpusArrays(tokens, sa, buckets)  # made once: it costs more than a draft step
 
     @property
     def n_tokens(self) -> int:
@@ -201,11 +202,12 @@ class CorpusIndex:
     @property
     def arrays(self) -> CorpusArrays:
         """The arrays as the drafting kernel takes them: one bundle, fields by name."""
-        return CorpusArrays(self.tokens, self.sa, self.buckets)
+        return self._arrays
 
     def close(self) -> None:
         # empty arrays of the same types: a source holding a compiled build for them stays sound
         self.tokens, self.sa = _emptied(self.tokens), _emptied(self.sa)
+        self._arrays = CorpusArrays(self.tokens, self.sa, self.buckets)
         if self._mm is not None:
             with contextlib.suppress(BufferError):  # a live view keeps the mapping; it goes with it
                 self._mm.close()
