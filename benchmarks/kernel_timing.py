@@ -14,7 +14,7 @@ by token (each step: ``propose(k)`` timed, then ``extend([next token])`` untimed
 ``--context``-token prompt. The text is this Python's standard library (sorted ``.py`` files),
 tokenized with the bundled model's tokenizer (word ids by first appearance if it is missing).
 
-    PYTHONPATH=src .venv/bin/python benchmarks/kernel_timing.py --base main --rounds 6
+    PYTHONPATH=src .venv/bin/python benchmarks/kernel_timing.py --rounds 8  # against the merge-base with main
 
 Prints, per source: the median over rounds of each round's median us per call, for the base commit
 and the tree, and their ratio (tree / base).
@@ -115,7 +115,8 @@ def run_child(tree: Path, script: Path, args: argparse.Namespace, tokens_path: s
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--base", default="main", help="git commit to compare with (default main)")
+    ap.add_argument("--base", default=None,
+                    help="git commit to compare with (default: where the tree's branch left main)")
     ap.add_argument("--tree", default=str(Path(__file__).resolve().parents[1]),
                     help="the working tree to time (default this script's)")
     ap.add_argument("--rounds", type=int, default=6)
@@ -132,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     script = Path(__file__).resolve()
     ids, n_vocab, how = text_tokens(args.context + args.steps)
     git = ["git", "-C", str(tree)]
-    commit = subprocess.check_output([*git, "rev-parse", "--short", args.base], text=True).strip()
+    base_rev = args.base or subprocess.check_output([*git, "merge-base", "HEAD", "main"], text=True).strip()
+    commit = subprocess.check_output([*git, "rev-parse", "--short", base_rev], text=True).strip()
     with tempfile.TemporaryDirectory(prefix="kernel-timing-") as tmp:
         tokens_path = str(Path(tmp) / "tokens.npy")
         np.save(tokens_path, np.append(ids, np.int32(n_vocab)))

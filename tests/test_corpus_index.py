@@ -24,7 +24,8 @@ from promptlookup.drafting.suffix.corpus_index import (
     write_index,
 )
 from promptlookup.drafting.suffix.history import History
-from promptlookup.drafting.suffix.source import SuffixSource, draft_reference
+from promptlookup.drafting.suffix.rule import draft_reference
+from promptlookup.drafting.suffix.source import SuffixSource
 
 FP = "0123456789abcdef"
 # a hand-made corpus: "1 2" is followed by 3 (twice), 4 (once); "7 8" by 5 and 6 once each

@@ -12,7 +12,8 @@ from hypothesis import strategies as hs
 
 from promptlookup.drafting.suffix.automaton import SEP, SuffixAutomaton
 from promptlookup.drafting.suffix.history import History
-from promptlookup.drafting.suffix.source import SuffixSource, draft_reference
+from promptlookup.drafting.suffix.rule import draft_reference
+from promptlookup.drafting.suffix.source import SuffixSource
 
 
 @pytest.fixture(scope="module")

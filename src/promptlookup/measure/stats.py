@@ -1,6 +1,7 @@
-"""``promptlookup stats``: replay a text through a source spec, and simulate it under a cost curve.
+"""``promptlookup stats``: the lookup-stats replay of a text through a source spec, and its cost
+simulation under a cost curve.
 
-Why its own module: the replay (:mod:`promptlookup.measure.replay`) and its compiled twin for
+Why its own module: the lookup-stats replay (:mod:`promptlookup.measure.replay`) and its compiled twin for
 ``--lookup`` (:mod:`promptlookup.measure.replay_lookup`) only drive sources; this is where a text
 is tokenized, the spec's files are opened (their open time is the replay's load time) and the
 replay to run is chosen.

@@ -20,6 +20,7 @@ inside an n-gram is irrelevant to the draft rule, which breaks ties by token id 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
@@ -90,17 +91,28 @@ def _hash4(t0, t1, t2, t3):
     return h ^ (h >> np.uint64(32))
 
 
-# The table as every kernel takes it: one tuple (``NgramCache.tables``), its fields named by these
-# constants. numba reads ``tab[T_SLOTS]`` at compile time (a global int indexes a tuple statically),
-# so the bundle costs nothing per call, and adding a field is an edit here and in ``_retab``.
-T_SLOTS, T_KEYS, T_HEAD, T_TOTAL, T_MAXC, T_TOK, T_CNT, T_NEXT, T_META = range(9)
+class NgramTables(NamedTuple):
+    """The table as every kernel takes it (``NgramCache.tables``): one bundle, fields by name.
+
+    numba resolves ``tab.slots`` at compile time, as it did an index into a plain tuple, so the
+    bundle costs nothing per call, and adding a field is an edit here and in ``_retab``."""
+
+    slots: np.ndarray  # open addressing: n-gram id per slot (int32, -1: empty), a power of two long
+    keys: np.ndarray  # n-gram id -> its 4 tokens (int32, PAD past its size)
+    head: np.ndarray  # n-gram id -> its first follower entry (-1: none)
+    total: np.ndarray  # n-gram id -> the sum of its followers' counts
+    maxc: np.ndarray  # n-gram id -> its largest follower count (prunes the draft scan)
+    tok: np.ndarray  # follower entry -> token
+    cnt: np.ndarray  # follower entry -> count
+    next: np.ndarray  # follower entry -> the n-gram's next entry (-1: last)
+    meta: np.ndarray  # [n-grams, follower entries]
 
 
 @njit(cache=True)
 def find_ngram(tab, t0, t1, t2, t3):
     """Id of the n-gram ``(t0..t3)`` or -1; the table is never more than half full, so this ends."""
-    slots = tab[T_SLOTS]
-    keys = tab[T_KEYS]
+    slots = tab.slots
+    keys = tab.keys
     mask = slots.shape[0] - 1
     i = np.int64(_hash4(t0, t1, t2, t3) & np.uint64(mask))
     while True:
@@ -114,8 +126,8 @@ def find_ngram(tab, t0, t1, t2, t3):
 
 @njit(cache=True)
 def _add(tab, t0, t1, t2, t3, tok, cnt):
-    slots, keys, head, total, maxc = tab[T_SLOTS], tab[T_KEYS], tab[T_HEAD], tab[T_TOTAL], tab[T_MAXC]
-    e_tok, e_cnt, e_next, meta = tab[T_TOK], tab[T_CNT], tab[T_NEXT], tab[T_META]
+    slots, keys, head, total, maxc = tab.slots, tab.keys, tab.head, tab.total, tab.maxc
+    e_tok, e_cnt, e_next, meta = tab.tok, tab.cnt, tab.next, tab.meta
     mask = slots.shape[0] - 1
     i = np.int64(_hash4(t0, t1, t2, t3) & np.uint64(mask))
     while True:
@@ -170,8 +182,8 @@ def update_ngrams(tab, seq, n, nnew, nmin, nmax):
 
 @njit(cache=True)
 def _merge(tab, other, o_n):
-    o_keys, o_head, o_tok, o_cnt, o_next = (other[T_KEYS], other[T_HEAD], other[T_TOK], other[T_CNT],
-                                            other[T_NEXT])
+    o_keys, o_head, o_tok, o_cnt, o_next = (other.keys, other.head, other.tok, other.cnt,
+                                            other.next)
     for s in range(o_n):
         e = o_head[s]
         while e >= 0:
@@ -199,7 +211,7 @@ def _rehash(slots, keys, n):
 @njit(cache=True)
 def _records(tab, n, n_entries):
     """Flatten to (offsets, tokens, counts) with each n-gram's followers sorted by token id."""
-    head, e_tok, e_cnt, e_next = tab[T_HEAD], tab[T_TOK], tab[T_CNT], tab[T_NEXT]
+    head, e_tok, e_cnt, e_next = tab.head, tab.tok, tab.cnt, tab.next
     off = np.zeros(n + 1, dtype=np.int64)
     tok = np.empty(n_entries, dtype=np.int32)
     cnt = np.empty(n_entries, dtype=np.int64)
@@ -238,14 +250,14 @@ class NgramCache:
         self._retab()
 
     def _retab(self) -> None:
-        self._tab = (self._slots, self._keys, self._head, self._total, self._maxc, self._e_tok, self._e_cnt,
-                     self._e_next, self._meta)
+        self._tab = NgramTables(self._slots, self._keys, self._head, self._total, self._maxc, self._e_tok,
+                                self._e_cnt, self._e_next, self._meta)
 
     # -- capacity ---------------------------------------------------------------------------
     @property
-    def tables(self) -> tuple[np.ndarray, ...]:
-        """Every array, as the compiled kernels take them: one tuple, fields at the ``T_*`` indices;
-        valid until the next insert grows them (then a new tuple is made)."""
+    def tables(self) -> NgramTables:
+        """Every array, as the compiled kernels take them: one bundle, fields by name; valid until
+        the next insert grows them (then a new bundle is made)."""
         return self._tab
 
     @property

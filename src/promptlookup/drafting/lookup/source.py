@@ -35,27 +35,14 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from numba import njit
 
-from promptlookup.drafting.base import Draft, StepFeedback, TokenBuffer, make_draft
+from promptlookup.drafting.base import Draft, StepFeedback, TokenBuffer, compiled_entry, make_draft
 from promptlookup.drafting.lookup.cache import (
     NGRAM_MAX,
     NGRAM_STATIC,
-    T_CNT,
-    T_HEAD,
-    T_MAXC,
-    T_NEXT,
-    T_TOK,
-    T_TOTAL,
     NgramCache,
     find_ngram,
 )
 from promptlookup.drafting.lookup.static_cache import (
-    S_FIRST_OFF,
-    S_FOL_COUNT,
-    S_FOL_TOKEN,
-    S_KEY_DRAFT,
-    S_KEY_OFF,
-    S_KEY_SECOND,
-    S_KEY_TOTAL,
     STATIC_MIN_PERCENT,
     STATIC_MIN_TOTAL,
     StaticCache,
@@ -137,8 +124,8 @@ def draft_reference(seq: Sequence[int], k: int, context=None, dynamic=None, stat
 
 
 # -- the numba twin -----------------------------------------------------------------------------
-# The kernels take each cache as one tuple (``NgramCache.tables``: fields at ``T_*``, the static
-# cache's ``StaticCache.arrays``: at ``S_*``) and the thresholds as a global array, which numba
+# The kernels take each cache as one NamedTuple of arrays (``NgramCache.tables``, the static
+# cache's ``StaticCache.arrays``), fields by name, and the thresholds as a global array, which numba
 # freezes into the compiled code: changing what a cache holds is an edit to its class and its
 # constants, never to these signatures or their callers.
 LIMITS = np.array([CONTEXT_MIN_SAMPLE, CONTEXT_MIN_PERCENT, DYNAMIC_MIN_SAMPLE, DYNAMIC_MIN_PERCENT],
@@ -151,8 +138,8 @@ _NEED_STATIC = -2  # _try_primary: a scan needs the static part, which is not lo
 @njit(cache=True)
 def _static_part(static, t0, t1):
     """The static cache's answer for the 2-gram (t0, t1): (key or -1, first follower, end of followers)."""
-    key = static_key(static[S_FIRST_OFF], static[S_KEY_SECOND], t0, t1)
-    lo, hi = follower_range(static[S_KEY_OFF], static[S_FOL_TOKEN].shape[0], key)
+    key = static_key(static.first_off, static.key_second, t0, t1)
+    lo, hi = follower_range(static.key_off, static.fol_token.shape[0], key)
     return key, lo, hi
 
 
@@ -165,9 +152,9 @@ def _try_primary(buf, m, n_top, tab, row, static, s_lo, s_hi, info):
     or more followers needs it: then this returns _NEED_STATIC with that n in ``info[0]``, to be
     called again from that n with the static part.
     """
-    total, maxc, e_tok, e_cnt, e_next = tab[T_TOTAL], tab[T_MAXC], tab[T_TOK], tab[T_CNT], tab[T_NEXT]
-    head = tab[T_HEAD]
-    fol_token, fol_count = static[S_FOL_TOKEN], static[S_FOL_COUNT]
+    total, maxc, e_tok, e_cnt, e_next = tab.total, tab.maxc, tab.tok, tab.cnt, tab.next
+    head = tab.head
+    fol_token, fol_count = static.fol_token, static.fol_count
     for n in range(4, 0, -1):  # a constant range: the compiler unrolls it
         if n > m or n > n_top:
             continue
@@ -227,9 +214,9 @@ def draft_core(buf, n, k, ctx, dyn, static, info, sub):
     if n < 2:
         return 0
     d = 0
-    n_keys = static[S_KEY_SECOND].shape[0]
-    key_draft, key_total = static[S_KEY_DRAFT], static[S_KEY_TOTAL]
-    fol_token, fol_count = static[S_FOL_TOKEN], static[S_FOL_COUNT]
+    n_keys = static.key_second.shape[0]
+    key_draft, key_total = static.key_draft, static.key_total
+    fol_token, fol_count = static.fol_token, static.fol_count
     while d < k:
         m = n + d
         key = np.int64(-1)
@@ -316,6 +303,11 @@ class LookupSource(TokenBuffer):
         self.dynamic = dynamic if dynamic is not None else NgramCache(16)
         self.context = NgramCache()
         self._info = np.zeros(4, dtype=np.int64)
+        # the compiled build for this source's own argument types (fixed for its life: the caches'
+        # bundles are rebuilt on growth with the same types): a call skips numba's type dispatch,
+        # which for three NamedTuples of arrays costs more than the draft itself
+        self._kernel = compiled_entry(_draft, self._buf, 0, 0, self.context.tables, self.dynamic.tables,
+                                      self.static.arrays, self._info)
 
     def reset(self, prompt: Sequence[int]) -> None:
         self.context.clear()
@@ -334,7 +326,8 @@ class LookupSource(TokenBuffer):
             return make_draft((), self.name)
         self._room(self._n + k)
         self._info[:] = 0
-        d = draft_into(self._buf, self._n, k, self.context, self.dynamic, self.static, self._info)
+        d = self._kernel(self._buf, self._n, k, self.context.tables, self.dynamic.tables, self.static.arrays,
+                         self._info)
         if not d:  # nothing drafted: info stays zero
             return make_draft((), self.name)
         origin, size, count, total = self._info.tolist()

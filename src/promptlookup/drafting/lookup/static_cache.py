@@ -58,6 +58,7 @@ import mmap
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
@@ -74,8 +75,18 @@ STATIC_MIN_TOTAL = 2  # llama.cpp: draft_min_sample_size_lax[LLAMA_NGRAM_STATIC 
 STATIC_MIN_PERCENT = 50  # llama.cpp: draft_min_percent_lax[LLAMA_NGRAM_STATIC - 1]
 
 
-# ``StaticCache.arrays``, the tuple the compiled draft takes, has its fields at these indices
-S_FIRST_OFF, S_KEY_SECOND, S_KEY_DRAFT, S_KEY_TOTAL, S_KEY_OFF, S_FOL_TOKEN, S_FOL_COUNT = range(7)
+
+class StaticArrays(NamedTuple):
+    """``StaticCache.arrays``: the cache as one argument of the compiled draft, fields by name
+    (numba resolves them at compile time). The file's arrays, in its order."""
+
+    first_off: np.ndarray  # first token -> its first key (n_vocab + 1 offsets)
+    key_second: np.ndarray  # key -> its second token (sorted within a first token)
+    key_draft: np.ndarray  # key -> the follower the fall-back drafts (-1: none passes)
+    key_total: np.ndarray  # key -> the sum of its followers' counts
+    key_off: np.ndarray  # key -> its first follower (n_keys + 1 offsets)
+    fol_token: np.ndarray  # follower -> token (sorted within a key)
+    fol_count: np.ndarray  # follower -> count
 
 
 class CacheFormatError(UserError, ValueError):
@@ -119,6 +130,12 @@ class StaticCache:
         self.key_off = arrays["key_off"]
         self.fol_token = arrays["fol_token"]
         self.fol_count = arrays["fol_count"]
+        self._bundle()
+
+    def _bundle(self) -> None:
+        # made once (and again by close): a NamedTuple costs more to build than the draft it feeds
+        self._arrays = StaticArrays(self.first_off, self.key_second, self.key_draft, self.key_total,
+                                    self.key_off, self.fol_token, self.fol_count)
 
     @property
     def n_keys(self) -> int:
@@ -129,10 +146,9 @@ class StaticCache:
         return len(self.fol_token)
 
     @property
-    def arrays(self) -> tuple[np.ndarray, ...]:
-        """The arrays as the numba draft takes them: one tuple, fields at the ``S_*`` indices."""
-        return (self.first_off, self.key_second, self.key_draft, self.key_total, self.key_off,
-                self.fol_token, self.fol_count)
+    def arrays(self) -> StaticArrays:
+        """The arrays as the numba draft takes them: one bundle, fields by name."""
+        return self._arrays
 
     def key_index(self, t0: int, t1: int) -> int:
         return int(static_key(self.first_off, self.key_second, t0, t1))
@@ -161,10 +177,14 @@ class StaticCache:
                 np.asarray(self.fol_token, dtype=np.int32), np.asarray(self.fol_count, dtype=np.int64))
 
     def close(self) -> None:
-        # Arrays viewing the map must go before the map can close.
-        for name in ("first_off", "key_second", "key_draft", "key_total", "key_off", "fol_token",
-                     "fol_count"):
-            setattr(self, name, np.zeros(0, dtype=getattr(self, name).dtype))
+        # Arrays viewing the map must go before the map can close. Empty arrays of the same types
+        # (read-only stays read-only): a source holding a compiled build for them stays sound.
+        for name in StaticArrays._fields:
+            old = getattr(self, name)
+            empty = np.zeros(0, dtype=old.dtype)
+            empty.flags.writeable = old.flags.writeable
+            setattr(self, name, empty)
+        self._bundle()
         if self._mm is not None:
             # a caller may still hold a view: then the map closes when it is collected
             with contextlib.suppress(BufferError):

@@ -29,6 +29,7 @@ no match crosses a document boundary, and it is never drafted.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
@@ -45,8 +46,19 @@ E_NEXT, E_TOK, E_TO = range(3)
 M_STATES, M_EDGES, M_LASTSTATE, M_POS, M_DEPTH, M_GV, M_GM = range(7)  # GV, GM: a matcher's (v, m)
 M_CORPUS = 8  # slots 8..10: a corpus match's (lo, hi, length) while drafting
 N_META = 16
-# ``SuffixAutomaton.tables``, the tuple a kernel outside this module takes, has its arrays here
-A_ST, A_ED, A_HK, A_HV, A_META = range(5)
+
+
+class AutomatonTables(NamedTuple):
+    """:attr:`SuffixAutomaton.tables`: the arrays as one argument of a kernel outside this module.
+
+    A NamedTuple, so a kernel reads ``local.st`` by name; numba resolves the field at compile time,
+    as it did an index into a plain tuple, so the bundle costs nothing per call."""
+
+    st: np.ndarray  # states x N_STATE_COLS (int32): LEN, LINK, CNT, LAST, HINT, FIRST, OUTDEG
+    ed: np.ndarray  # edges x 3 (int32): E_NEXT, E_TOK, E_TO
+    hk: np.ndarray  # the transition hash table's keys (int64, -1: empty)
+    hv: np.ndarray  # ... and values: edge indices (int32)
+    meta: np.ndarray  # N_META int64 slots: M_STATES, M_EDGES, M_LASTSTATE, M_POS, M_DEPTH, M_GV, M_GM...
 
 _EMPTY = np.int64(-1)
 
@@ -248,8 +260,8 @@ class SuffixAutomaton:
         self.hk = np.full(hcap, -1, dtype=np.int64)
         self.hv = np.zeros(hcap, dtype=np.int32)
         self.cap_tokens = cap_tokens
-        # one tuple for the kernels (fields at A_*): a new array means a new tuple, made only here
-        self.tables = (self.st, self.ed, self.hk, self.hv, self.meta)
+        # one bundle for the kernels: a new array means a new bundle, made only here
+        self.tables = AutomatonTables(self.st, self.ed, self.hk, self.hv, self.meta)
 
     def clear(self) -> None:
         self.meta[M_STATES] = 0

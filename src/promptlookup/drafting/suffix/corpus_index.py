@@ -41,6 +41,7 @@ import contextlib
 import mmap
 import os
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
@@ -53,8 +54,15 @@ VERSION = 1
 DEFAULT_MAX_MATCH = 32  # longest context suffix searched in the corpus
 
 
-# ``CorpusIndex.arrays``, the tuple the drafting kernel takes, has its arrays at these indices
-X_TOKENS, X_SA, X_BUCKETS = range(3)
+
+
+class CorpusArrays(NamedTuple):
+    """:attr:`CorpusIndex.arrays`: the index as one argument of the drafting kernel, read by name
+    (numba resolves the fields at compile time)."""
+
+    tokens: np.ndarray  # the corpus (int32)
+    sa: np.ndarray  # its suffix array
+    buckets: np.ndarray  # the first suffix-array position of each first token (n_vocab + 1)
 
 
 class CorpusIndexError(UserError, ValueError):
@@ -185,19 +193,21 @@ class CorpusIndex:
         self.fingerprint = fingerprint
         self.crc = crc
         self._mm = mm
+        self._arrays = CorpusArrays(tokens, sa, buckets)  # made once: it costs more than a draft step
 
     @property
     def n_tokens(self) -> int:
         return len(self.tokens)
 
     @property
-    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The arrays as the drafting kernel takes them: one tuple, fields at the ``X_*`` indices."""
-        return (self.tokens, self.sa, self.buckets)
+    def arrays(self) -> CorpusArrays:
+        """The arrays as the drafting kernel takes them: one bundle, fields by name."""
+        return self._arrays
 
     def close(self) -> None:
         # empty arrays of the same types: a source holding a compiled build for them stays sound
         self.tokens, self.sa = _emptied(self.tokens), _emptied(self.sa)
+        self._arrays = CorpusArrays(self.tokens, self.sa, self.buckets)
         if self._mm is not None:
             with contextlib.suppress(BufferError):  # a live view keeps the mapping; it goes with it
                 self._mm.close()
