@@ -23,9 +23,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-from promptlookup.backends.base import one_turn
+from promptlookup.backends.base import Model, one_turn
 
 Segment = tuple[str, bool]  # (text, is the template's own text)
 
@@ -40,7 +39,7 @@ def _markers(n: int, avoid: str) -> list[str]:
         k += 1
 
 
-def template_segments(backend: Any, messages: Sequence[Mapping[str, str]]) -> list[Segment]:
+def template_segments(backend: Model, messages: Sequence[Mapping[str, str]]) -> list[Segment]:
     """The rendered chat prompt as (text, from the template) segments; see the module doc, step 1."""
     # the backends render an empty system message as none
     messages = [dict(m) for m in messages if not (m["role"] == "system" and not m["content"])]
@@ -89,7 +88,7 @@ def _partition(segments: Sequence[Segment], controls: Sequence[str]) -> list[str
     return out
 
 
-def _special_affixes(backend: Any) -> tuple[list[int], list[int]]:
+def _special_affixes(backend: Model) -> tuple[list[int], list[int]]:
     """The ids ``add_special`` puts before and after a text (a BOS, an EOS), found by a probe."""
     probe = "a"
     bare = list(backend.tokenize(probe, add_special=False, parse_special=False))
@@ -100,12 +99,12 @@ def _special_affixes(backend: Any) -> tuple[list[int], list[int]]:
     return [], []
 
 
-def chat_tokens(backend: Any, user: str, system: str | None = None) -> list[int]:
+def chat_tokens(backend: Model, user: str, system: str | None = None) -> list[int]:
     """Token ids of a one-turn chat prompt, ready for generation, with no control token from content."""
     return messages_tokens(backend, one_turn(user, system))
 
 
-def messages_tokens(backend: Any, messages: Sequence[Mapping[str, str]]) -> list[int]:
+def messages_tokens(backend: Model, messages: Sequence[Mapping[str, str]]) -> list[int]:
     """Token ids of a conversation (system/user/assistant messages) rendered by the model's own chat
     template, ready for the assistant's next turn, with no control token from any message's content."""
     pieces = _partition(template_segments(backend, messages), backend.control_texts())

@@ -8,10 +8,13 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from promptlookup.drafting.base import MAX_DRAFT, report_of
 from promptlookup.errors import UsageError, UserError
+
+if TYPE_CHECKING:
+    from promptlookup.backends.base import Model
 
 # Upper bounds of the numeric flags, checked at parse time so that no value reaches code that cannot
 # honour it (llama.cpp segfaults at -t 65536 and aborts with std::bad_alloc on a 31-digit one).
@@ -464,7 +467,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_generation(args: argparse.Namespace, backend, ids: list[int], result, opts, report) -> None:
+def _print_generation(args: argparse.Namespace, backend: Model, ids: list[int], result, opts, report) -> None:
     """The output: JSON, or the report after the streamed text; ``--csv`` appends a row."""
     c = result.counters
     if args.csv:
@@ -491,7 +494,7 @@ def _print_generation(args: argparse.Namespace, backend, ids: list[int], result,
         print(report["summary"], file=sys.stderr)
 
 
-def _logprob_json(backend, lp) -> dict:
+def _logprob_json(backend: Model, lp) -> dict:
     """One token's entry, shaped like OpenAI's logprobs.content[i] (ids beside the texts)."""
     return {"id": lp.token, "token": backend.detokenize([lp.token]), "logprob": lp.logprob,
             "top_logprobs": [{"id": t, "token": backend.detokenize([t]), "logprob": v} for t, v in lp.top]}

@@ -13,13 +13,13 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
+from promptlookup.backends.base import Model
 from promptlookup.costcurve import CostCurve, CostCurveError
 from promptlookup.fileio import cache_dir
 
 
-def measure_cost_curve(backend: Any, max_tokens: int = 9, reps: int = 5, context: int = 128) -> CostCurve:
+def measure_cost_curve(backend: Model, max_tokens: int = 9, reps: int = 5, context: int = 128) -> CostCurve:
     """Time verify steps of 1..max_tokens tokens on ``backend`` (about a second on a small model).
 
     The widths are interleaved across repetitions so drift (frequency, other load) hits all of them
@@ -49,7 +49,7 @@ def curve_cache_path(model_path: str | os.PathLike[str], backend_name: str, thre
     return cache_dir() / "cost-curves" / f"{p.stem}-{backend_name}-t{threads}-{key.hexdigest()[:12]}.json"
 
 
-def cached_cost_curve(backend: Any, max_tokens: int = 9, refresh: bool = False) -> CostCurve:
+def cached_cost_curve(backend: Model, max_tokens: int = 9, refresh: bool = False) -> CostCurve:
     """The curve for this (model, backend, threads), measured once and then read from the cache."""
     path = curve_cache_path(backend.model_path, backend.name, backend.n_threads)
     if not refresh and path.is_file():

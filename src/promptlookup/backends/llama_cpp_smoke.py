@@ -19,9 +19,12 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from promptlookup.backends.llama_cpp import LlamaCppBackend
 
 N_PREFILL = 300
 N_VERIFY = 9
@@ -71,7 +74,7 @@ def compare_rows(batched: Sequence[np.ndarray], single: Sequence[np.ndarray]) ->
     return {"max_rel_diff": worst, "argmax_agree": agree, "rows": len(batched)}
 
 
-def smoke_test(backend: Any, step: Callable[[str], None] = lambda name: None) -> dict[str, Any]:
+def smoke_test(backend: LlamaCppBackend, step: Callable[[str], None] = lambda name: None) -> dict[str, Any]:
     """Run the steps on a loaded :class:`LlamaCppBackend`; return what was measured."""
     ids: list[int] = []
     while len(ids) < N_PREFILL + N_VERIFY:

@@ -21,7 +21,7 @@ import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 from promptlookup.costcurve import CostCurve
 from promptlookup.drafting.base import MAX_DRAFT, DraftSource
@@ -224,6 +224,15 @@ class SourceSpec:
         return cls(name, tuple(opts), from_flags=True).check()
 
 
+class Vocabulary(Protocol):
+    """What a run needs of a model: its vocabulary's size and identity (a backend's
+    :class:`~promptlookup.backends.base.Model` has both; drafting never imports a backend)."""
+
+    n_vocab: int
+
+    def fingerprint(self) -> str: ...
+
+
 @dataclass
 class Run:
     """What a run has that sources are built from.
@@ -246,7 +255,7 @@ class Run:
     _curve: CostCurve | None = None
 
     @classmethod
-    def for_backend(cls, backend: Any, cost_curve: Callable[[], CostCurve] | None = None) -> Run:
+    def for_backend(cls, backend: Vocabulary, cost_curve: Callable[[], CostCurve] | None = None) -> Run:
         """What a loaded backend gives: its vocabulary and its tokenizer's fingerprint; ``cost_curve``
         (for ``auto``) is the caller's, typically :func:`promptlookup.backends.costs.cached_cost_curve`
         of the backend: drafting never imports a backend module, not even to measure one."""

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from promptlookup import speculate
+from promptlookup.backends.base import Model
 from promptlookup.drafting.base import MAX_DRAFT
 from promptlookup.drafting.spec import SourceSpec
 from promptlookup.errors import UsageError
@@ -74,7 +75,8 @@ def _backend(model: Any, eos: Sequence[int], n_ctx: int, tokenizer: Any) -> Any:
     return TransformersBackend.from_model(model, eos, n_ctx=n_ctx, tokenizer=tokenizer)
 
 
-def _drafter(backend: Any, source: str | SourceSpec, draft: int | None, history: Any, corpus: Any) -> Drafter:
+def _drafter(backend: Model, source: str | SourceSpec, draft: int | None, history: Any,
+             corpus: Any) -> Drafter:
     spec = build_spec(source, None if history is None else str(history),
                       None if corpus is None else str(corpus))
     k = draft_length(spec, draft, DEFAULT_DRAFT)

@@ -41,6 +41,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from promptlookup.backends.base import Model
 from promptlookup.backends.costs import cached_cost_curve
 from promptlookup.drafting.base import DraftSource, report_of
 from promptlookup.drafting.spec import OFF, SOURCES, Run, SourceSpec, SpecError, build_source
@@ -95,7 +96,7 @@ def parse_cell(spec: str) -> Cell:
     return cell
 
 
-def check_cells(cells: Sequence[Cell], backend) -> None:
+def check_cells(cells: Sequence[Cell], backend: Model) -> None:
     """Build every cell's source once before any cell runs, so a bad file in the last cell fails
     at once (a peer's settings are checked by :func:`parse_cell`; its engine loads when it runs)."""
     for cell in cells:
@@ -114,12 +115,12 @@ class CellRun:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def backend_run(backend) -> Run:
+def backend_run(backend: Model) -> Run:
     """The run sources are built from on a loaded backend: its curve measured once and cached."""
     return Run.for_backend(backend, lambda: cached_cost_curve(backend))
 
 
-def make_source(cell: Cell, backend) -> tuple[DraftSource | None, int]:
+def make_source(cell: Cell, backend: Model) -> tuple[DraftSource | None, int]:
     """The draft source and draft length a cell asks for, built fresh (no state across runs); a
     ``suffix`` source keeps an in-memory history, so a multi-request workload's later requests draft
     from the earlier ones (as a --suffix-history file would across processes)."""
@@ -138,7 +139,8 @@ def split_requests(text: str) -> list[str]:
     return [p for p in parts if p.strip()]
 
 
-def oracle_speedup(backend, requests: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]]) -> float:
+def oracle_speedup(backend: Model, requests: Sequence[Sequence[int]],
+                   outputs: Sequence[Sequence[int]]) -> float:
     """The hindsight oracle's speedup on the last request's output, from auto's sources (having
     seen the earlier requests) and the backend's curve: the ceiling any controller could reach on
     this run (simulated, see promptlookup.measure.simulate)."""
@@ -153,7 +155,7 @@ def oracle_speedup(backend, requests: Sequence[Sequence[int]], outputs: Sequence
     return oracle(requests[-1], outputs[-1], sources, MAX_DRAFT, cached_cost_curve(backend)).speedup
 
 
-def replayed_speedups(backend, requests: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
+def replayed_speedups(backend: Model, requests: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
                       cells: Sequence[Cell]) -> dict[str, float]:
     """Each speculated cell's speedup on the last request, simulated on the plain ``outputs`` with
     the backend's cost curve (:mod:`promptlookup.measure.simulate`): every source drafts the same
@@ -175,7 +177,7 @@ def replayed_speedups(backend, requests: Sequence[Sequence[int]], outputs: Seque
     return out
 
 
-def run_bench(backend, workloads: dict[str, list[list[int]]], cells: Sequence[Cell], repeat: int,
+def run_bench(backend: Model, workloads: dict[str, list[list[int]]], cells: Sequence[Cell], repeat: int,
               n_predict: int, progress: Callable[[str], None] | None = None,
               make_sampler: Callable[[], Any] | None = None,
               on_run: Callable[[CellRun], None] | None = None,
@@ -246,7 +248,7 @@ def run_bench(backend, workloads: dict[str, list[list[int]]], cells: Sequence[Ce
     return runs, oracles
 
 
-def _peer_run(cell: Cell, backend, wname: str, prompt: list[int], n_predict: int, round_: int,
+def _peer_run(cell: Cell, backend: Model, wname: str, prompt: list[int], n_predict: int, round_: int,
               reference: list[int] | None, peer_refs: dict[str, list[int]],
               engines: dict[str, Any]) -> CellRun:
     from promptlookup.measure import peers

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from promptlookup.backends.base import Model
 from promptlookup.errors import InputError
 from promptlookup.telemetry import Counters, ResourceProbe
 
@@ -157,7 +158,7 @@ def hf_prompt_lookup(model: Any, prompt: Sequence[int], max_tokens: int, num_tok
     return PeerRun(f"transformers pld {num_tokens}", tokens, first, wall, max(calls - 1, 0))
 
 
-def run_cell(peer: str, setting: int, backend: Any, prompt: Sequence[int], max_tokens: int,
+def run_cell(peer: str, setting: int, backend: Model, prompt: Sequence[int], max_tokens: int,
              engines: dict[str, Any]) -> tuple[list[int], Counters, float]:
     """One bench cell: ``peer`` is ``llamacpp`` or ``hf``; engines are loaded once and kept in ``engines``.
 
@@ -187,7 +188,7 @@ def run_cell(peer: str, setting: int, backend: Any, prompt: Sequence[int], max_t
     return run.tokens, c, run.wall_s
 
 
-def _gguf_of(backend: Any) -> Path:
+def _gguf_of(backend: Model) -> Path:
     path = Path(backend.model_path)
     if path.is_dir():
         raise InputError(f"peer-llamacpp needs a GGUF file, and the bench model is a directory: {path}")
