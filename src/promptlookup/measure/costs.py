@@ -141,9 +141,18 @@ def measure_cost_curve(backend: Any, max_tokens: int = 9, reps: int = 5, context
 
 
 def curve_cache_path(model_path: str | os.PathLike[str], backend_name: str, threads: int) -> Path:
+    """Keyed by the model file, the backend, the threads and, for llama.cpp, the installed build (the
+    batch-invariant kernels and the fast ones draw different curves: a curve measured on one must
+    not steer ``auto`` on the other)."""
     p = Path(model_path)
     st = p.stat()
-    key = hashlib.sha256(f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}|{backend_name}|{threads}".encode())
+    build = ""
+    if backend_name == "llama.cpp":
+        from promptlookup.backends.doctor import library_fingerprint
+
+        build = f"|{library_fingerprint()}"
+    text = f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}|{backend_name}|{threads}{build}"
+    key = hashlib.sha256(text.encode())
     return cache_dir() / "cost-curves" / f"{p.stem}-{backend_name}-t{threads}-{key.hexdigest()[:12]}.json"
 
 
