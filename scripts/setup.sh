@@ -5,7 +5,9 @@
 # llama-cpp-python ships only as source on PyPI and takes ~5-8 minutes to compile on 2 cores. It is
 # built without the ISA extensions known to be broken upstream (AMX), kept in a wheelhouse outside the
 # repo keyed by its build flags, and proven by a smoke test before set-up says ready: all of that is in
-# scripts/llama_build.py.
+# scripts/llama_build.py. By default its matmul kernels are the batch-invariant ones (speculative output
+# equals plain decoding bit for bit; docs/exactness.md); PROMPTLOOKUP_LLAMA_KERNELS=fast keeps
+# llama.cpp's default kernels instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
