@@ -38,8 +38,9 @@ DECODE_TOKENS = 128
 RESULT = "result: "
 
 
-def child(bench: bool, threads: int | None, first: bool) -> dict:
+def child(bench: bool, threads: int | None, first: bool, cpu_time: bool) -> dict:
     """Measure the build this Python imports (runs in the child)."""
+    clock = time.process_time if cpu_time else time.perf_counter
     import llama_cpp
 
     from promptlookup.backends.llama_cpp import LlamaCppBackend, invariant_build, system_info
@@ -57,13 +58,13 @@ def child(bench: bool, threads: int | None, first: bool) -> dict:
     backend.prefill(ids)  # warm-up
     times = []
     for _ in range(3):
-        t0 = time.perf_counter()
+        t0 = clock()
         backend.prefill(ids)
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     out["prefill_tps"] = PREFILL_TOKENS / statistics.median(times)
-    out["verify_ms"] = [s * 1000 for s in measure_cost_curve(backend, max_tokens=9).seconds]
+    out["verify_ms"] = [s * 1000 for s in measure_cost_curve(backend, max_tokens=9, clock=clock).seconds]
     prompt = chat_tokens(backend, (WORKLOADS / "copy_edit.txt").read_text(encoding="utf-8"))
-    gen = generate(backend, prompt, DECODE_TOKENS, source=None)
+    gen = generate(backend, prompt, DECODE_TOKENS, source=None, clock=clock)
     out["decode_tps"] = gen.counters.reported_tps  # generated tokens / decode seconds (prefill apart)
     if first:  # the build's bits do not change between rounds
         out["invariance"] = invariance_check(backend, smoke_ids(backend, INVARIANCE_TOKENS)).line()
@@ -88,11 +89,12 @@ def run_bench_cli(threads: int | None) -> dict[str, float]:
     return ratios
 
 
-def run_child(python: str, bench: bool, threads: int | None, first: bool) -> dict:
+def run_child(python: str, bench: bool, threads: int | None, first: bool, cpu_time: bool) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"),
                                                                     os.environ.get("PYTHONPATH")])))
     cmd = [python, str(Path(__file__).resolve()), "--child"] + (["--bench"] if bench else [])
     cmd += ["--first"] if first else []
+    cmd += ["--cpu-time"] if cpu_time else []
     if threads:
         cmd += ["--threads", str(threads)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -140,11 +142,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--invariance", action="store_true",
                     help="also run the bitwise invariance check on each build (first round)")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time by process CPU time, not wall time (a loaded machine; use with --threads 1)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--first", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        print(RESULT + json.dumps(child(args.bench, args.threads, args.first)), flush=True)
+        print(RESULT + json.dumps(child(args.bench, args.threads, args.first, args.cpu_time)), flush=True)
         return 0
     builds = {}
     for b in args.build:
@@ -160,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in order:
             print(f"round {r + 1}/{args.rounds}: {name}", file=sys.stderr, flush=True)
             results[name].append(run_child(builds[name], args.bench and r == 0, args.threads,
-                                           args.invariance and r == 0))
+                                           args.invariance and r == 0, args.cpu_time))
     print(table(results))
     return 0
 
