@@ -7,6 +7,12 @@ AMX matmul of the ggml vendored in llama-cpp-python 0.3.36 dies by SIGILL on the
 decode (llama.cpp PR #26954). So on x86-64 the build names each extension itself (``GGML_NATIVE``
 off), from what the CPU reports, minus those known to be broken upstream (:data:`BROKEN_ISA`).
 
+By default it also leaves out the matmul kernels whose result for a row depends on the batch width
+(:data:`INVARIANT_ARGS`: llamafile's tinyBLAS and the repacked layouts), so a position's logits are
+bit-identical whether it is decoded alone or in a verify batch and speculative output equals plain
+decoding (docs/exactness.md: measured ~10% slower prefill, 0-10% dearer verify steps, same decode).
+``--kernels fast`` (or ``PROMPTLOOKUP_LLAMA_KERNELS=fast``) keeps llama.cpp's defaults.
+
 The wheel is kept in a wheelhouse keyed by everything that decides its bytes (package version, the
 CMake arguments, the compiler), so a wheel built with other flags is never reused. After install,
 set-up runs the smoke test (``promptlookup doctor --smoke-only``: prefill, a 9-token verify,
