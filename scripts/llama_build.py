@@ -7,6 +7,12 @@ AMX matmul of the ggml vendored in llama-cpp-python 0.3.36 dies by SIGILL on the
 decode (llama.cpp PR #26954). So on x86-64 the build names each extension itself (``GGML_NATIVE``
 off), from what the CPU reports, minus those known to be broken upstream (:data:`BROKEN_ISA`).
 
+By default it also leaves out the matmul kernels whose result for a row depends on the batch width
+(:data:`INVARIANT_ARGS`: llamafile's tinyBLAS and the repacked layouts), so a position's logits are
+bit-identical whether it is decoded alone or in a verify batch and speculative output equals plain
+decoding (docs/exactness.md: measured ~10% slower prefill, 0-10% dearer verify steps, same decode).
+``--kernels fast`` (or ``PROMPTLOOKUP_LLAMA_KERNELS=fast``) keeps llama.cpp's defaults.
+
 The wheel is kept in a wheelhouse keyed by everything that decides its bytes (package version, the
 CMake arguments, the compiler), so a wheel built with other flags is never reused. After install,
 set-up runs the smoke test (``promptlookup doctor --smoke-only``: prefill, a 9-token verify,
@@ -54,6 +60,15 @@ HOST_ISA: tuple[tuple[str, tuple[str, ...]], ...] = (
 #: the fall-back when the host build fails its smoke test: what every x86-64 CPU since 2013 has.
 CONSERVATIVE_ISA = frozenset({"SSE42", "AVX", "AVX2", "FMA", "F16C"})
 MODES = ("host", "conservative")
+#: the matmul kernels: ``invariant`` builds llama.cpp without the kernels whose result for a row
+#: depends on how many rows share the batch (llamafile's tinyBLAS, taken for 2+ rows; the repacked
+#: weight layouts and their gemm/gemv pairs), so a position's logits are bit-identical whether it is
+#: decoded alone, in a verify batch or in a prefill, and speculative output equals plain decoding.
+#: ``fast`` keeps them (llama.cpp's defaults).
+KERNELS = ("invariant", "fast")
+DEFAULT_KERNELS = "invariant"
+INVARIANT_ARGS = ("-DGGML_LLAMAFILE=OFF", "-DGGML_CPU_REPACK=OFF")
+KERNELS_ENV = "PROMPTLOOKUP_LLAMA_KERNELS"
 #: parts of llama-cpp-python we never load, left out of the build: its multimodal library (mtmd, ~23k
 #: lines of C++; only its LLaVA-style chat handlers import it, lazily)
 UNUSED_PARTS = ("-DLLAVA_BUILD=OFF",)
@@ -84,20 +99,25 @@ def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
     return frozenset()
 
 
-def cmake_args(mode: str, flags: frozenset[str], machine: str | None = None) -> list[str]:
+def cmake_args(mode: str, flags: frozenset[str], machine: str | None = None,
+               kernels: str = DEFAULT_KERNELS) -> list[str]:
     """CMake arguments for llama.cpp: ``host`` (the CPU's extensions minus the broken ones) or
     ``conservative`` (AVX2/FMA/F16C). Off x86-64 the native build is kept (nothing known broken).
-    Either way without the parts we never load (:data:`UNUSED_PARTS`)."""
+    Either way without the parts we never load (:data:`UNUSED_PARTS`), and with ``invariant``
+    kernels without the batch-dependent ones (:data:`INVARIANT_ARGS`)."""
     if mode not in MODES:
         raise ValueError(f"unknown build mode {mode!r} (one of {', '.join(MODES)})")
+    if kernels not in KERNELS:
+        raise ValueError(f"unknown kernels {kernels!r} (one of {', '.join(KERNELS)})")
+    tail = [*(INVARIANT_ARGS if kernels == "invariant" else ()), *UNUSED_PARTS]
     machine = machine or platform.machine()
     if machine not in ("x86_64", "AMD64"):
-        return ["-DGGML_NATIVE=ON", *UNUSED_PARTS]
+        return ["-DGGML_NATIVE=ON", *tail]
     args = ["-DGGML_NATIVE=OFF"] + [f"-DGGML_{name}=OFF" for name in BROKEN_ISA]
     for name, needs in HOST_ISA:
         on = name in CONSERVATIVE_ISA if mode == "conservative" else all(f in flags for f in needs)
         args.append(f"-DGGML_{name}={'ON' if on else 'OFF'}")
-    return [*args, *UNUSED_PARTS]
+    return [*args, *tail]
 
 
 def compiler_id() -> str:
@@ -125,6 +145,12 @@ class Build:
     args: tuple[str, ...]
     key: str
     folder: Path
+    kernels: str = DEFAULT_KERNELS
+
+    @property
+    def name(self) -> str:
+        """What the log calls it: ``host build, invariant kernels``."""
+        return f"{self.mode} build, {self.kernels} kernels"
 
     def wheel(self) -> Path | None:
         found = sorted(self.folder.glob(f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}-*.whl"))
@@ -136,10 +162,11 @@ class Build:
 
 
 def plan(mode: str, wheelhouse_root: Path, flags: frozenset[str] | None = None,
-         compiler: str | None = None, machine: str | None = None) -> Build:
-    args = tuple(cmake_args(mode, cpu_flags() if flags is None else flags, machine))
+         compiler: str | None = None, machine: str | None = None,
+         kernels: str = DEFAULT_KERNELS) -> Build:
+    args = tuple(cmake_args(mode, cpu_flags() if flags is None else flags, machine, kernels))
     key = wheelhouse_key(LLAMA_CPP_PYTHON_VERSION, args, compiler or compiler_id())
-    return Build(mode, args, key, wheelhouse_root / key)
+    return Build(mode, args, key, wheelhouse_root / key, kernels)
 
 
 def builds_to_try(plans: Callable[[str], Build]) -> tuple[list[Build], list[Build]]:
@@ -166,8 +193,8 @@ def build_wheel(python: str, build: Build) -> Path:
     build.folder.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, CMAKE_ARGS=" ".join(build.args),
                CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2))
-    log(f"building llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} from source, {build.mode} ISA "
-        f"(once per build key {build.key}; about 3 min on 2 cores)")
+    log(f"building llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} from source, {build.mode} ISA, "
+        f"{build.kernels} kernels (once per build key {build.key}; about 3 min on 2 cores)")
     log(f"  CMAKE_ARGS={shlex.join(build.args)}")
     pip(python, "wheel", "--quiet", "--no-deps", "--no-cache-dir", "-w", str(build.folder),
         f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", env=env)
@@ -212,7 +239,8 @@ class SmokeResult:
 
 def run_smoke(python: str) -> SmokeResult:
     """``promptlookup doctor --smoke-only``: it runs the smoke test in a child of its own and prints
-    one line (which signal, which step, or which check failed)."""
+    one line (which signal, which step, or which check failed; for a build without the
+    batch-dependent kernels, whether every row was bit-identical to its one-token decode)."""
     proc = subprocess.run([python, "-m", "promptlookup", "doctor", "--smoke-only"],
                           capture_output=True, text=True)
     text = (proc.stdout.strip().splitlines() or [""])[-1] or (proc.stderr.strip().splitlines() or [""])[-1]
@@ -224,22 +252,22 @@ def run_smoke(python: str) -> SmokeResult:
 def ensure_llama(python: str, venv: Path, wheelhouse_root: Path,
                  smoke: Callable[[str], SmokeResult] = run_smoke,
                  install: Callable[[str, Path, Build], None] = install_wheel,
-                 plans: Callable[[str], Build] | None = None) -> Build:
+                 plans: Callable[[str], Build] | None = None, kernels: str = DEFAULT_KERNELS) -> Build:
     """Install a llama.cpp build that passes the smoke test: the host build, else the conservative
-    one. Raises SystemExit with the reason when neither passes."""
-    candidates, skipped = builds_to_try(plans or (lambda mode: plan(mode, wheelhouse_root)))
+    one (both with the same kernels). Raises SystemExit with the reason when neither passes."""
+    candidates, skipped = builds_to_try(plans or (lambda mode: plan(mode, wheelhouse_root, kernels=kernels)))
     for build in skipped:
-        log(f"the {build.mode} build (key {build.key}) failed its smoke test before; "
-            f"using the {candidates[0].mode} build")
+        log(f"the {build.name} (key {build.key}) failed its smoke test before; "
+            f"using the {candidates[0].name}")
     last = ""
     for i, build in enumerate(candidates):
         install(python, venv, build)
         result = smoke(python)
         if result.ok:
-            log(f"{build.mode} build (key {build.key}): {result.line}")
+            log(f"{build.name} (key {build.key}): {result.line}")
             return build
         last = result.line
-        log(f"{build.mode} build (key {build.key}): {result.line}")
+        log(f"{build.name} (key {build.key}): {result.line}")
         build.folder.mkdir(parents=True, exist_ok=True)
         (build.folder / FAILED_MARK).write_text(result.line + "\n", encoding="utf-8")
         if i + 1 < len(candidates):
@@ -272,34 +300,50 @@ def main(argv: Sequence[str] | None = None) -> int:
     s = sub.add_parser("setup", help="install llama.cpp (safe build, proven) and promptlookup into a venv")
     s.add_argument("--venv", type=Path, default=Path(".venv"))
     s.add_argument("--extras", choices=("core", "all"), default="all")
+    kernels_help = (f"matmul kernels (default: ${KERNELS_ENV} or {DEFAULT_KERNELS}): invariant = "
+                    "bit-identical rows whatever the batch (speculative output equals plain decoding); "
+                    "fast = llama.cpp's defaults (tinyBLAS, repacked weights)")
+    s.add_argument("--kernels", choices=KERNELS, default=None, help=kernels_help)
     a = sub.add_parser("cmake-args", help="print the CMake arguments for a build mode")
     a.add_argument("mode", choices=MODES)
+    a.add_argument("--kernels", choices=KERNELS, default=None, help=kernels_help)
     k = sub.add_parser("key", help="print the wheelhouse key for a build mode")
     k.add_argument("mode", choices=MODES)
+    k.add_argument("--kernels", choices=KERNELS, default=None, help=kernels_help)
     args = ap.parse_args(argv)
+    kernels = args.kernels or default_kernels()
 
     if args.command == "cmake-args":
-        print(" ".join(cmake_args(args.mode, cpu_flags())))
+        print(" ".join(cmake_args(args.mode, cpu_flags(), kernels=kernels)))
         return 0
     if args.command == "key":
-        print(plan(args.mode, default_wheelhouse()).key)
+        print(plan(args.mode, default_wheelhouse(), kernels=kernels).key)
         return 0
     python = str(args.venv / "bin" / "python")
     wheelhouse = default_wheelhouse()
-    build = ensure_llama_before_project(python, args.venv, wheelhouse, args.extras)
+    build = ensure_llama_before_project(python, args.venv, wheelhouse, args.extras, kernels)
     compile_kernels(python)
-    log(f"ready: llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} ({build.mode} build {build.key}), "
+    log(f"ready: llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} ({build.name} {build.key}), "
         f"promptlookup installed in {args.venv}")
     return 0
 
 
-def ensure_llama_before_project(python: str, venv: Path, wheelhouse_root: Path, extras: str) -> Build:
+def default_kernels() -> str:
+    """``$PROMPTLOOKUP_LLAMA_KERNELS`` (how ``scripts/setup.sh`` is told), else the default."""
+    value = os.environ.get(KERNELS_ENV, "").strip() or DEFAULT_KERNELS
+    if value not in KERNELS:
+        raise SystemExit(f"setup: error: {KERNELS_ENV}={value!r} is not one of {', '.join(KERNELS)}")
+    return value
+
+
+def ensure_llama_before_project(python: str, venv: Path, wheelhouse_root: Path, extras: str,
+                                kernels: str = DEFAULT_KERNELS) -> Build:
     """Install order: the llama.cpp wheel (so pip never builds one itself), then the project, then
     the proof (the smoke test needs promptlookup installed)."""
-    first = builds_to_try(lambda mode: plan(mode, wheelhouse_root))[0][0]
+    first = builds_to_try(lambda mode: plan(mode, wheelhouse_root, kernels=kernels))[0][0]
     install_wheel(python, venv, first)
     install_project(python, first.folder, extras)
-    return ensure_llama(python, venv, wheelhouse_root)
+    return ensure_llama(python, venv, wheelhouse_root, kernels=kernels)
 
 
 if __name__ == "__main__":

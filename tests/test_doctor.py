@@ -46,6 +46,16 @@ def test_parse_child_outcomes():
                              "ImportError: no llama_cpp")
     # exit 0 without a result line is not a pass
     assert not doctor.parse_child(0, "step: load the model\n").ok
+    inv = ('result: {"rows": 9, "argmax_agree": 9, "max_rel_diff": 0.0, "invariance": {"bitwise": true, '
+           '"rows": 427, "identical": 427, "line": "batch-invariant: all 427 rows bit-identical to '
+           'one-token decodes"}}\n')
+    assert doctor.parse_child(0, inv).summary() == (
+        "smoke test passed: prefill, verify of 9 tokens, rollback; batched rows within 0.0% of single-token "
+        "rows, argmax agreeing on 9/9; batch-invariant: all 427 rows bit-identical to one-token decodes")
+    not_inv = doctor.parse_child(1, 'step: batch invariance\nresult: {"failure": "built without the '
+                                    'batch-dependent kernels, yet not batch-invariant: 3/427 rows differ"}\n')
+    assert not_inv.summary() == ("smoke test failed: wrong result: built without the batch-dependent "
+                                 "kernels, yet not batch-invariant: 3/427 rows differ")
 
 
 def test_the_build_is_checked_once_and_a_failure_names_the_doctor(tmp_path, monkeypatch):
@@ -153,6 +163,10 @@ def test_smoke_child_on_the_real_model():
     out = doctor.run_smoke_child(bundled_model_path(), threads=2)
     assert out.ok, out.line()
     assert out.result["rows"] == 9 and "AVX" in out.result["system_info"]
+    # the bitwise check ran; on the invariant build it must hold (else the child fails, above)
+    inv = out.result["invariance"]
+    assert inv["rows"] == 666 and inv["bitwise"] == (inv["identical"] == 666)
+    assert inv["bitwise"] or not out.result["invariant_build"]
 
 
 @requires_model

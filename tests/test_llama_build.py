@@ -25,18 +25,46 @@ HASWELL = frozenset(["fpu", "sse4_2", "avx", "avx2", "fma", "f16c", "bmi2"])
 
 
 def test_host_build_names_each_extension_and_never_amx():
-    args = lb.cmake_args("host", SAPPHIRE, "x86_64")
+    args = lb.cmake_args("host", SAPPHIRE, "x86_64", "fast")
     assert args == ["-DGGML_NATIVE=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF",
                     "-DGGML_SSE42=ON", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
                     "-DGGML_BMI2=ON", "-DGGML_AVX_VNNI=ON", "-DGGML_AVX512=ON", "-DGGML_AVX512_VBMI=ON",
                     "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=ON", "-DLLAVA_BUILD=OFF"]
-    assert lb.cmake_args("host", HASWELL, "x86_64")[-6:] == [
+    assert lb.cmake_args("host", HASWELL, "x86_64", "fast")[-6:] == [
         "-DGGML_AVX_VNNI=OFF", "-DGGML_AVX512=OFF", "-DGGML_AVX512_VBMI=OFF", "-DGGML_AVX512_VNNI=OFF",
         "-DGGML_AVX512_BF16=OFF", "-DLLAVA_BUILD=OFF"]
     # AVX-512 needs all five of F/CD/VL/DQ/BW; VNNI alone does not switch it on
     partial = (SAPPHIRE - {"avx512dq"})
     assert "-DGGML_AVX512=OFF" in lb.cmake_args("host", partial, "x86_64")
     assert "-DGGML_AVX512_VNNI=OFF" in lb.cmake_args("host", partial, "x86_64")
+
+
+def test_invariant_kernels_leave_out_tinyblas_and_repacking_on_every_isa():
+    """The default build: the host ISA (AMX off) without the two batch-dependent kernel families."""
+    for mode in lb.MODES:
+        for flags in (SAPPHIRE, HASWELL):
+            fast = lb.cmake_args(mode, flags, "x86_64", "fast")
+            assert lb.cmake_args(mode, flags, "x86_64") == [
+                *fast[:-1], "-DGGML_LLAMAFILE=OFF", "-DGGML_CPU_REPACK=OFF", "-DLLAVA_BUILD=OFF"]
+    assert lb.DEFAULT_KERNELS == "invariant"
+    assert lb.cmake_args("host", frozenset(), "aarch64") == [
+        "-DGGML_NATIVE=ON", "-DGGML_LLAMAFILE=OFF", "-DGGML_CPU_REPACK=OFF", "-DLLAVA_BUILD=OFF"]
+    with pytest.raises(ValueError, match="unknown kernels 'exact' \\(one of invariant, fast\\)"):
+        lb.cmake_args("host", SAPPHIRE, "x86_64", "exact")
+
+
+def test_the_kernels_come_from_the_flag_else_the_environment(monkeypatch, capsys):
+    monkeypatch.delenv(lb.KERNELS_ENV, raising=False)
+    assert lb.default_kernels() == "invariant"
+    monkeypatch.setenv(lb.KERNELS_ENV, "fast")
+    assert lb.default_kernels() == "fast"
+    assert lb.main(["cmake-args", "host", "--kernels", "invariant"]) == 0
+    assert "-DGGML_LLAMAFILE=OFF -DGGML_CPU_REPACK=OFF" in capsys.readouterr().out
+    assert lb.main(["cmake-args", "host"]) == 0
+    assert "LLAMAFILE" not in capsys.readouterr().out
+    monkeypatch.setenv(lb.KERNELS_ENV, "exact")
+    with pytest.raises(SystemExit, match="PROMPTLOOKUP_LLAMA_KERNELS='exact' is not one of invariant, fast"):
+        lb.default_kernels()
 
 
 def test_conservative_build_is_avx2_fma_f16c_whatever_the_cpu():
@@ -47,7 +75,7 @@ def test_conservative_build_is_avx2_fma_f16c_whatever_the_cpu():
 
 
 def test_other_architectures_keep_the_native_build():
-    assert lb.cmake_args("host", frozenset(), "aarch64") == ["-DGGML_NATIVE=ON", "-DLLAVA_BUILD=OFF"]
+    assert lb.cmake_args("host", frozenset(), "aarch64", "fast") == ["-DGGML_NATIVE=ON", "-DLLAVA_BUILD=OFF"]
     with pytest.raises(ValueError, match="unknown build mode 'fast'"):
         lb.cmake_args("fast", SAPPHIRE, "x86_64")
 
@@ -57,6 +85,8 @@ def test_the_wheelhouse_key_covers_flags_compiler_and_version(tmp_path, monkeypa
     assert a == lb.plan("host", tmp_path, SAPPHIRE, "gcc 12.2", "x86_64")
     assert a.key != lb.plan("host", tmp_path, HASWELL, "gcc 12.2", "x86_64").key
     assert a.key != lb.plan("conservative", tmp_path, SAPPHIRE, "gcc 12.2", "x86_64").key
+    fast = lb.plan("host", tmp_path, SAPPHIRE, "gcc 12.2", "x86_64", "fast")
+    assert a.kernels == "invariant" and fast.kernels == "fast" and a.key != fast.key
     assert a.key != lb.plan("host", tmp_path, SAPPHIRE, "gcc 13.1", "x86_64").key
     monkeypatch.setattr(lb, "LLAMA_CPP_PYTHON_VERSION", "0.3.99")
     assert a.key != lb.plan("host", tmp_path, SAPPHIRE, "gcc 12.2", "x86_64").key
@@ -89,10 +119,11 @@ def test_a_host_build_that_dies_by_sigill_is_replaced_by_the_conservative_one(tm
     smokes = iter([_sigill_smoke, lambda py: lb.SmokeResult(True, "passed")])
     build = lb.ensure_llama("py", tmp_path, tmp_path, smoke=lambda py: next(smokes)(py),
                             install=rec.install, plans=rec.plans)
-    assert build.mode == "conservative"
+    assert build.mode == "conservative" and build.kernels == "invariant"  # the fall-back keeps the kernels
     assert rec.installed == ["host", "conservative"]
     err = capsys.readouterr().err
-    assert f"]: host build (key {rec.plans('host').key}): smoke test failed: llama.cpp died by SIGILL " \
+    assert f"]: host build, invariant kernels (key {rec.plans('host').key}): smoke test failed: " \
+           "llama.cpp died by SIGILL " \
            "during step 'verify 9 tokens'" in err
     assert "rebuilding once with the conservative ISA set (AVX, AVX2, F16C, FMA, SSE42)" in err
     host = rec.plans("host")
@@ -136,3 +167,12 @@ def test_the_build_choice_is_made_in_one_place(tmp_path):
     assert lb.builds_to_try(rec.plans) == ([cons], [host])  # the last one left is tried again
     same = lambda mode: lb.plan("conservative", tmp_path, SAPPHIRE, "gcc 12.2", "x86_64")  # noqa: E731
     assert lb.builds_to_try(same) == ([cons], [])
+
+
+def test_fast_kernels_are_a_build_of_their_own(tmp_path):
+    installed = []
+    build = lb.ensure_llama("py", tmp_path, tmp_path, smoke=lambda py: lb.SmokeResult(True, "ok"),
+                            install=lambda py, venv, b: installed.append(b), kernels="fast")
+    assert build.kernels == "fast" and installed == [build]
+    assert "-DGGML_LLAMAFILE=OFF" not in build.args
+    assert build.key != lb.plan("host", tmp_path).key  # the invariant build sits beside it

@@ -12,6 +12,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from promptlookup.backends.base import Model
@@ -19,11 +20,14 @@ from promptlookup.costcurve import CostCurve, CostCurveError
 from promptlookup.fileio import cache_dir
 
 
-def measure_cost_curve(backend: Model, max_tokens: int = 9, reps: int = 5, context: int = 128) -> CostCurve:
+def measure_cost_curve(backend: Model, max_tokens: int = 9, reps: int = 5, context: int = 128,
+                       clock: Callable[[], float] = time.perf_counter) -> CostCurve:
     """Time verify steps of 1..max_tokens tokens on ``backend`` (about a second on a small model).
 
     The widths are interleaved across repetitions so drift (frequency, other load) hits all of them
-    alike, and the median of each is kept. The backend's cache is cleared afterwards.
+    alike, and the median of each is kept. The backend's cache is cleared afterwards. ``clock`` is
+    wall time; a benchmark on a loaded machine passes ``time.process_time`` (one thread: the work
+    done, not the wait for a core).
     """
     filler = [int(t) for t in range(100, 100 + context)]
     backend.prefill(filler)
@@ -33,9 +37,9 @@ def measure_cost_curve(backend: Model, max_tokens: int = 9, reps: int = 5, conte
     backend.rollback(base)
     for _ in range(reps):
         for n in range(1, max_tokens + 1):
-            t0 = time.perf_counter()
+            t0 = clock()
             backend.verify(filler[:n])
-            samples[n - 1].append(time.perf_counter() - t0)
+            samples[n - 1].append(clock() - t0)
             backend.rollback(base)
     backend.rollback(0)
     return CostCurve(tuple(statistics.median(s) for s in samples),
@@ -43,9 +47,18 @@ def measure_cost_curve(backend: Model, max_tokens: int = 9, reps: int = 5, conte
 
 
 def curve_cache_path(model_path: str | os.PathLike[str], backend_name: str, threads: int) -> Path:
+    """Keyed by the model file, the backend, the threads and, for llama.cpp, the installed build (the
+    batch-invariant kernels and the fast ones draw different curves: a curve measured on one must
+    not steer ``auto`` on the other)."""
     p = Path(model_path)
     st = p.stat()
-    key = hashlib.sha256(f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}|{backend_name}|{threads}".encode())
+    build = ""
+    if backend_name == "llama.cpp":
+        from promptlookup.backends.doctor import library_fingerprint
+
+        build = f"|{library_fingerprint()}"
+    text = f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}|{backend_name}|{threads}{build}"
+    key = hashlib.sha256(text.encode())
     return cache_dir() / "cost-curves" / f"{p.stem}-{backend_name}-t{threads}-{key.hexdigest()[:12]}.json"
 
 

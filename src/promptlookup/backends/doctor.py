@@ -56,9 +56,11 @@ class SmokeOutcome:
         """One line saying what happened."""
         if self.ok:
             r = self.result
-            return (f"prefill, verify of {r.get('rows', '?')} tokens, rollback; batched rows within "
+            line = (f"prefill, verify of {r.get('rows', '?')} tokens, rollback; batched rows within "
                     f"{r.get('max_rel_diff', 0.0):.1%} of single-token rows, argmax agreeing on "
                     f"{r.get('argmax_agree', '?')}/{r.get('rows', '?')}")
+            inv = r.get("invariance")
+            return f"{line}; {inv['line']}" if isinstance(inv, dict) and "line" in inv else line
         if self.signal:
             return f"llama.cpp died by {self.signal} during step '{self.step}'"
         if self.failure:
@@ -267,6 +269,13 @@ def run_doctor(model: str | os.PathLike[str] | None, threads: int | None, smoke_
     if r.get("system_info"):
         out(f"llama.cpp built with: {r['system_info']}")
     out(f"{outcome.summary()} (on {model_path.name})")
+    inv = r.get("invariance")
+    if isinstance(inv, dict):
+        exact = ("speculative output equals plain decoding token for token" if inv.get("bitwise") else
+                 "speculative output can differ from plain decoding where the top two logits nearly tie; "
+                 "scripts/setup.sh builds the invariant kernels by default")
+        out(f"batch invariance: {'yes' if inv.get('bitwise') else 'no'} "
+            f"({inv.get('identical')}/{inv.get('rows')} rows bit-identical): {exact}")
     if not outcome.ok:
         out("verdict: UNHEALTHY: this llama.cpp build cannot be trusted here; rebuild with scripts/setup.sh "
             "(it falls back to an AVX2-only build when the host build fails)")

@@ -22,6 +22,33 @@ from promptlookup.sampling import Sampler
 
 DEFAULT_N_CTX = 4096
 DEFAULT_N_BATCH = 512
+#: what llama.cpp's system info prints for the matmul kernels whose result for a row depends on how
+#: many rows share the batch: llamafile's tinyBLAS (taken for 2+ rows, the one-token decode takes
+#: ggml's vec-dot) and the repacked weight layouts (a gemm for 4+ rows, a gemv below)
+BATCH_DEPENDENT_KERNELS = ("LLAMAFILE = 1", "REPACK = 1")
+#: ggml's tiled K-quant matmul is a third such kernel (taken for 8+ rows); it has no build switch
+#: but this environment variable, read at its first use, turns it off
+TILED_MATMUL_ENV = "GGML_CPU_TILED_MM"
+
+
+def system_info(lib) -> str:
+    """llama.cpp's one-line build report (``CPU : AVX2 = 1 | ... | LLAMAFILE = 1 | ...``)."""
+    return lib.llama_print_system_info().decode("utf-8", "replace").strip()
+
+
+def invariant_build(info: str) -> bool:
+    """Whether the build was made without the batch-dependent kernels (set-up's ``invariant``
+    kernels), read from its system info: only then can a row be bit-identical in every batch. The
+    smoke test proves it on the installed library; this only says what was asked for."""
+    return not any(k in info for k in BATCH_DEPENDENT_KERNELS)
+
+
+def _switch_off_batch_dependent_runtime_paths(lib) -> None:
+    """On an invariant build, turn the tiled K-quant matmul off before the first decode (it is
+    chosen per batch size at run time; a process-wide setting, so set only where invariance is what
+    the build is for, and never over a user's own choice)."""
+    if invariant_build(system_info(lib)):
+        os.environ.setdefault(TILED_MATMUL_ENV, "0")
 
 
 def default_threads() -> int:
@@ -52,6 +79,7 @@ class LlamaCppBackend:
                                "run 'promptlookup doctor', and scripts/setup.sh to reinstall") from exc
 
         self._lib = llama_cpp
+        _switch_off_batch_dependent_runtime_paths(llama_cpp)
         self.model_path = Path(model_path)
         self.n_threads = n_threads or default_threads()
         self.n_batch = n_batch

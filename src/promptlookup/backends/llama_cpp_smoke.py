@@ -4,8 +4,15 @@ Why: a llama.cpp build can be fine for a one-token decode and still die by SIGIL
 garbage) in the matmul kernels a multi-token batch takes: ggml's AMX path did exactly that. So the
 test runs what speculation runs: a prefill of a few hundred tokens, a verify of 9 tokens with every
 row's logits, a rollback, then the same 9 tokens decoded one at a time, and checks that each batched
-row agrees with its single-token row (batched logits are not bit-identical on llama.cpp, so within a
-tolerance, and the argmax must agree wherever the top two are not nearly tied).
+row agrees with its single-token row (within a tolerance, and the argmax must agree wherever the top
+two are not nearly tied: llama.cpp's default kernels do not compute a row bit-identically in batches
+of different widths).
+
+Then it checks, bit for bit, whether the build is batch-invariant (:func:`invariance_check`: every
+position decoded alone against the same positions in a whole-prompt batch, in verify batches of
+several widths, and after a kept prefix). Only a batch-invariant build makes speculative output equal
+plain decoding token for token; a build set up to be one (no batch-dependent kernels, see
+``scripts/llama_build.py``) fails the smoke test when it is not.
 
 Run it as a child process (``python -m promptlookup.backends.llama_cpp_smoke``): a signal inside
 llama.cpp cannot be caught in the process it kills. The child prints ``step: NAME`` before each step
@@ -19,6 +26,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -74,11 +82,138 @@ def compare_rows(batched: Sequence[np.ndarray], single: Sequence[np.ndarray]) ->
     return {"max_rel_diff": worst, "argmax_agree": agree, "rows": len(batched)}
 
 
+# -- batch invariance: bitwise ------------------------------------------------------------------
+#: verify widths the set-up smoke check proves bitwise (the tests prove every width 1..64)
+SMOKE_WIDTHS = (2, 3, 4, 8, 9, 16, 33, 64)
+#: where the per-width verify batches are centred: llama.cpp pads the attended KV cells to multiples
+#: of 256, so a batch across position 256 attends 512 cells where a one-token decode before it
+#: attends 256 (the attention dot products get longer; bitwise equality must survive that too)
+KV_PAD = 256
+#: tokens the bitwise check decodes (alone, then batched): enough for the widest verify across 256
+INVARIANCE_TOKENS = KV_PAD + max(SMOKE_WIDTHS) + 8
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def _rows(backend: Any, ids: Sequence[int]) -> list[np.ndarray]:
+    """Verify ``ids`` at ``backend.n_past`` and return every row's logits (copies)."""
+    backend.record_logits = True
+    backend.recorded.clear()
+    try:
+        backend.verify(ids)
+        return [row for _, row in backend.recorded]
+    finally:
+        backend.record_logits = False
+        backend.recorded.clear()
+
+
+def reference_rows(backend: Any, ids: Sequence[int]) -> list[np.ndarray]:
+    """Every position's logits, each decoded alone: one token per ``llama_decode`` from an empty
+    cache, so no row and no cached key/value ever came from a batch wider than 1."""
+    backend.prefill(ids[:1])
+    backend.rollback(0)
+    rows: list[np.ndarray] = []
+    for t in ids:
+        rows += _rows(backend, [t])
+    return rows
+
+
+@dataclass
+class Invariance:
+    """Bitwise comparison of rows computed in batches against the same rows decoded alone."""
+
+    rows: int = 0
+    identical: int = 0
+    max_abs_diff: float = 0.0
+    argmax_flips: int = 0
+    first: str = ""  # the first row that differed: "how it was batched, position"
+    by_case: dict[str, list[int]] = field(default_factory=dict)  # case -> [rows, identical]
+
+    @property
+    def bitwise(self) -> bool:
+        return self.rows > 0 and self.identical == self.rows
+
+    def add(self, case: str, first_pos: int, got: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> None:
+        tally = self.by_case.setdefault(case, [0, 0])
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            same = _same_bits(g, w)
+            self.rows += 1
+            tally[0] += 1
+            if same:
+                self.identical += 1
+                tally[1] += 1
+                continue
+            self.max_abs_diff = max(self.max_abs_diff, float(np.abs(g - w).max()))
+            self.argmax_flips += int(g.argmax()) != int(w.argmax())
+            if not self.first:
+                self.first = f"{case}, position {first_pos + i}"
+
+    def line(self) -> str:
+        if self.bitwise:
+            return f"batch-invariant: all {self.rows} rows bit-identical to one-token decodes"
+        return (f"not batch-invariant: {self.rows - self.identical}/{self.rows} rows differ from "
+                f"one-token decodes (max |diff| {self.max_abs_diff:.3g}, {self.argmax_flips} argmax "
+                f"flips; first: {self.first})")
+
+
+def invariance_check(backend: Any, ids: Sequence[int], widths: Sequence[int] = SMOKE_WIDTHS,
+                     reference: Sequence[np.ndarray] | None = None) -> Invariance:
+    """Compare, bit for bit, each position's logits computed (a) in one wide batch (a prefill with
+    every row: llama.cpp's default batch), (b) by verify batches of each width in ``widths``, laid
+    across the 256-cell KV padding step, after a prefill that kept the cached prefix, and (c) as the
+    last row of a prefill that kept a prefix, against the same position decoded alone.
+
+    ``ids`` must be longer than ``KV_PAD + max(widths)``. Leaves the cache empty.
+    """
+    n = len(ids)
+    w_max = max(widths)
+    if n < KV_PAD + w_max or n > backend.n_batch:
+        raise ValueError(f"need {KV_PAD + w_max}..{backend.n_batch} ids for widths up to {w_max}, got {n}")
+    ref = list(reference) if reference is not None else reference_rows(backend, ids)
+    out = Invariance()
+
+    backend.rollback(0)
+    out.add("prefill (one batch, every row)", 0, _rows(backend, ids), ref)
+
+    base = KV_PAD - w_max // 2 - 1  # the cached prefix every width starts from
+    backend.rollback(0)
+    backend.prefill(ids[:base])
+    for w in widths:
+        start = KV_PAD - w // 2  # the batch covers position 256 (for w >= 2)
+        backend.rollback(base)
+        if start > base:
+            out.add("verify lead-ins", base,
+                    _rows(backend, ids[base:start]), ref[base:start])
+        out.add(f"verify width {w}", start, _rows(backend, ids[start:start + w]), ref[start:start + w])
+
+    for keep, end in ((base, n), (KV_PAD + 1, KV_PAD + 5), (7, 100)):
+        backend.prefill(ids)
+        backend.record_logits = True
+        backend.recorded.clear()
+        try:
+            backend.prefill(ids[:end], keep=keep)
+            got = [row for _, row in backend.recorded]
+        finally:
+            backend.record_logits = False
+            backend.recorded.clear()
+        out.add(f"prefill keeping {keep} cached", end - 1, got, ref[end - 1:end])
+    backend.rollback(0)
+    return out
+
+
+def smoke_ids(backend: Any, n: int) -> list[int]:
+    """``n`` tokens of the smoke text, repeated as needed (BOS first)."""
+    ids: list[int] = []
+    while len(ids) < n:
+        ids += backend.tokenize(SMOKE_TEXT, add_special=not ids)
+    return ids[:n]
+
+
 def smoke_test(backend: LlamaCppBackend, step: Callable[[str], None] = lambda name: None) -> dict[str, Any]:
     """Run the steps on a loaded :class:`LlamaCppBackend`; return what was measured."""
-    ids: list[int] = []
-    while len(ids) < N_PREFILL + N_VERIFY:
-        ids += backend.tokenize(SMOKE_TEXT, add_special=not ids)
+    ids = smoke_ids(backend, N_PREFILL + N_VERIFY)
     prompt, draft = ids[:N_PREFILL], ids[N_PREFILL:N_PREFILL + N_VERIFY]
 
     step(f"prefill {N_PREFILL} tokens")
@@ -131,14 +266,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     step("load the llama.cpp library")
     import llama_cpp
 
-    result["system_info"] = llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()
-    from promptlookup.backends.llama_cpp import LlamaCppBackend
+    from promptlookup.backends.llama_cpp import LlamaCppBackend, invariant_build, system_info
+
+    result["system_info"] = system_info(llama_cpp)
+    result["invariant_build"] = invariant_build(result["system_info"])
 
     step("load the model")
     backend = LlamaCppBackend(args.model, n_ctx=1024, n_threads=args.threads)
     result["threads"] = backend.n_threads
     try:
         result.update(smoke_test(backend, step))
+        step(f"batch invariance, bitwise: {INVARIANCE_TOKENS} tokens decoded alone, then in batches")
+        inv = invariance_check(backend, smoke_ids(backend, INVARIANCE_TOKENS))
+        result["invariance"] = {"bitwise": inv.bitwise, "rows": inv.rows, "identical": inv.identical,
+                                "max_abs_diff": inv.max_abs_diff, "line": inv.line()}
+        if result["invariant_build"] and not inv.bitwise:
+            raise SmokeFailure(f"built without the batch-dependent kernels, yet {inv.line()}")
         if args.curve:
             from promptlookup.backends.costs import cached_cost_curve
 

@@ -1,0 +1,159 @@
+"""The batch-invariant llama.cpp build on the real model: every position's logits are bit-identical
+however the positions were batched, so speculative output equals plain decoding token for token.
+
+These tests run only where the installed llama.cpp was built with set-up's ``invariant`` kernels
+(``scripts/llama_build.py``; its system info shows neither LLAMAFILE nor REPACK); on a build with the
+fast kernels they skip, and ``test_the_fast_build_is_not_invariant`` says what that build does.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import HAVE_MODEL
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKLOADS = ROOT / "benchmarks" / "workloads"
+
+
+def _installed_build_is_invariant() -> bool:
+    if not HAVE_MODEL:
+        return False
+    import llama_cpp
+
+    from promptlookup.backends.llama_cpp import invariant_build, system_info
+
+    return invariant_build(system_info(llama_cpp))
+
+
+INVARIANT = _installed_build_is_invariant()
+requires_invariant = pytest.mark.skipif(
+    not INVARIANT, reason="the installed llama.cpp is not the batch-invariant build "
+                          "(PROMPTLOOKUP_LLAMA_KERNELS=invariant scripts/setup.sh installs it)")
+
+
+@pytest.fixture(scope="module")
+def reference(real_backend):
+    """The smoke check's tokens, each position decoded alone (one token per llama_decode)."""
+    from promptlookup.backends.llama_cpp_smoke import INVARIANCE_TOKENS, reference_rows, smoke_ids
+
+    ids = smoke_ids(real_backend, INVARIANCE_TOKENS)
+    return ids, reference_rows(real_backend, ids)
+
+
+@requires_invariant
+def test_every_row_is_bit_identical_at_every_width_in_a_prefill_and_after_a_kept_prefix(real_backend,
+                                                                                         reference):
+    from promptlookup.backends.llama_cpp_smoke import invariance_check
+
+    ids, ref = reference
+    inv = invariance_check(real_backend, ids, widths=range(1, 65), reference=ref)
+    assert len(ids) == 328
+    # 328 prefill rows; per width w: its w rows plus the (33 - w // 2) rows leading up to it; 3 kept
+    assert inv.rows == 328 + sum(w + 33 - w // 2 for w in range(1, 65)) + 3 == 3499
+    assert (inv.identical, inv.max_abs_diff, inv.argmax_flips, inv.first) == (3499, 0.0, 0, "")
+    assert inv.line() == "batch-invariant: all 3499 rows bit-identical to one-token decodes"
+    assert real_backend.n_past == 0
+
+
+@requires_invariant
+def test_the_threads_do_not_change_a_row(reference):
+    """One thread and two split every matmul differently across threads: same bits."""
+    from promptlookup.backends.llama_cpp import LlamaCppBackend
+    from promptlookup.backends.llama_cpp_smoke import invariance_check
+    from promptlookup.backends.models import bundled_model_path
+
+    ids, ref = reference
+    one = LlamaCppBackend(bundled_model_path(), n_ctx=2048, n_threads=1)
+    try:
+        inv = invariance_check(one, ids, widths=(1, 9), reference=ref)
+    finally:
+        one.close()
+    # widths 1 and 9 start from position 251: lead-ins of 5 and 1 rows up to their batches
+    assert inv.line() == "batch-invariant: all 347 rows bit-identical to one-token decodes"
+    assert inv.rows == 328 + (5 + 1) + (1 + 9) + 3 == 347
+
+
+def _workload(name: str) -> str:
+    return (WORKLOADS / f"{name}.txt").read_text(encoding="utf-8")
+
+
+@requires_invariant
+@pytest.mark.parametrize("workload", ["copy_edit", "prose"])
+def test_speculative_output_equals_plain_decoding_for_every_source(real_backend, workload):
+    from promptlookup.chat import chat_tokens
+    from promptlookup.measure.bench import make_source, parse_cell
+    from promptlookup.sampling import Sampler, SamplingParams
+    from promptlookup.speculate import generate
+
+    prompt = chat_tokens(real_backend, _workload(workload))
+    plain = generate(real_backend, prompt, 256, source=None).tokens
+    assert len(plain) == 256
+    for spec in ("auto", "ngram:draft=8", "lookup", "suffix"):
+        source, draft = make_source(parse_cell(spec), real_backend)
+        got = generate(real_backend, prompt, 256, source=source, draft=draft)
+        assert got.tokens == plain, f"{spec} left plain decoding at token {_first_diff(got.tokens, plain)}"
+        assert got.counters.accepted_tokens > 0, spec  # it did speculate: batches wider than 1 ran
+
+    def sampled(spec: str | None) -> list[int]:
+        source, draft = make_source(parse_cell(spec), real_backend) if spec else (None, 1)
+        sampler = Sampler(SamplingParams(temp=0.7), seed=1234)
+        return generate(real_backend, prompt, 256, source=source, draft=draft, sampler=sampler).tokens
+
+    base = sampled(None)
+    for spec in ("auto", "ngram:draft=8"):
+        got = sampled(spec)
+        assert got == base, f"sampled {spec} left plain sampling at token {_first_diff(got, base)}"
+
+
+def _first_diff(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+@requires_invariant
+def test_the_cli_generates_the_same_text_with_and_without_speculation(tmp_path):
+    """The issue's acceptance command: the default (auto) against --speculate off, 256 tokens."""
+    def run(*extra: str) -> str:
+        cmd = [sys.executable, "-m", "promptlookup", "generate", "--chat", "-f",
+               str(WORKLOADS / "copy_edit.txt"), "-n", "256", *extra]
+        return subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=tmp_path).stdout
+
+    plain = run("--speculate", "off")
+    assert len(plain) > 200
+    assert run() == plain
+
+
+@pytest.mark.skipif(INVARIANT or not HAVE_MODEL, reason="needs the fast (default llama.cpp) kernels")
+def test_the_fast_build_is_not_invariant(real_backend, reference):
+    """What the invariant build fixes: with tinyBLAS, batched rows round differently (measured here:
+    nearly every row differs, by up to ~1.7 logits)."""
+    from promptlookup.backends.llama_cpp_smoke import invariance_check
+
+    ids, ref = reference
+    inv = invariance_check(real_backend, ids, widths=(9,), reference=ref)
+    assert not inv.bitwise and inv.line().startswith("not batch-invariant: ")
+
+
+def test_the_comparison_is_bitwise_and_names_the_first_row_that_differs():
+    """No tolerance: one ulp is a difference, -0.0 against 0.0 too (different bits)."""
+    import numpy as np
+
+    from promptlookup.backends.llama_cpp_smoke import Invariance
+
+    want = [np.array([1.0, 2.0, 3.0], dtype=np.float32), np.array([0.0, 5.0, 1.0], dtype=np.float32)]
+    inv = Invariance()
+    inv.add("verify width 2", 10, [w.copy() for w in want], want)
+    assert inv.bitwise and inv.line() == "batch-invariant: all 2 rows bit-identical to one-token decodes"
+    ulp = np.nextafter(np.float32(3.0), np.float32(4.0))
+    inv.add("verify width 3", 20, [np.array([1.0, 2.0, ulp], dtype=np.float32),
+                                   np.array([-0.0, 5.0, 1.0], dtype=np.float32),
+                                   np.array([1.0, 2.0, 3.0], dtype=np.float32)], [*want, want[0]])
+    assert not inv.bitwise
+    assert inv.by_case == {"verify width 2": [2, 2], "verify width 3": [3, 1]}
+    assert inv.max_abs_diff == float(ulp - np.float32(3.0))
+    assert inv.line() == ("not batch-invariant: 2/5 rows differ from one-token decodes (max |diff| "
+                          "2.38e-07, 0 argmax flips; first: verify width 3, position 20)")
+    assert not Invariance().bitwise  # nothing compared proves nothing
