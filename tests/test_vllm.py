@@ -176,6 +176,17 @@ def test_proposer_drafts_the_second_request_from_the_first_ones_output(tmp_path)
     assert again.propose([[], [], [13]], b2.n, b2.ids) == [[], [], [14, 15]]
 
 
+def test_forget_empties_the_history():
+    p = PromptLookupProposer(fake_config(), env={}, fingerprint=lambda: "f" * 16)
+    b = Batch()
+    b.put(0, [1, 2, 3, 10, 11, 12, 13, 14, 15])
+    p.propose([[15]], b.n, b.ids)
+    p.forget()
+    b.put(0, [4, 5, 10, 11])
+    assert p.propose([[11]], b.n, b.ids) == [[]]  # nothing to match: 10 11 was only in the forgotten one
+    assert p.history is not None and p.history.n_tokens == 0
+
+
 def test_settings_errors_name_their_variable():
     with pytest.raises(UsageError, match=f"^{ENV_SOURCE}='nope': unknown draft source"):
         settings_from_env({ENV_SOURCE: "nope"})

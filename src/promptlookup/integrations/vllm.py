@@ -376,5 +376,22 @@ class PromptLookupProposer:
         self.tracker.commit_all()
         self.save()
 
+    def forget(self) -> None:
+        """Empty the history and forget the live requests (a benchmark's fresh start between
+        workloads, reached through ``LLM.collective_rpc``); nothing is written."""
+        from promptlookup.drafting.suffix.automaton import SuffixAutomaton
+
+        t = self.tracker
+        t.free.extend({id(s): s for s in t.rows.values()}.values())
+        for s in t.free:
+            s.source.reset([])  # a committed empty request: commit() adds nothing
+            s.n = 0
+        t.rows = {}
+        h = self.history
+        if h is not None:
+            h.seqs.clear()
+            h.n_tokens = 0
+            h.automaton = SuffixAutomaton(depth=h.depth)
+
     def stats(self) -> dict[str, int]:
         return self.tracker.stats()
