@@ -16,10 +16,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ENV=${PROMPTLOOKUP_VLLM_ENV:-.venv-vllm}
+ENV=$(realpath -m "${PROMPTLOOKUP_VLLM_ENV:-.venv-vllm}")
 VLLM_VERSION=0.32.0
 STAMP="$ENV/.promptlookup-vllm-$VLLM_VERSION"
-PYTHON=${PYTHON:-python3.11}
+PYTHON=${PYTHON:-python3}
 start=$(date +%s)
 
 if [ ! -f "$STAMP" ]; then
@@ -38,6 +38,14 @@ else
     if ! "$ENV/bin/python" -c "import promptlookup, sys; sys.exit(not promptlookup.__file__.startswith('$PWD/'))"; then
         "$ENV/bin/python" -m pip install --quiet --no-deps -e .
     fi
+fi
+
+# optional: vLLM's own `suffix` proposer (ArcticInference), for benchmarks/vllm_proposers.py only.
+# 0.3.0 ships as source; built without isolation so that its build cannot pull a CUDA torch (~1 min).
+if [ "${PROMPTLOOKUP_VLLM_ARCTIC:-0}" = 1 ] && ! "$ENV/bin/python" -c "import arctic_inference" 2>/dev/null; then
+    "$ENV/bin/python" -m pip install --quiet "nanobind==2.9.2" wheel cmake ninja setuptools
+    PATH="$ENV/bin:$PATH" CMAKE_ARGS="-DPython_EXECUTABLE=$ENV/bin/python" CMAKE_BUILD_PARALLEL_LEVEL=1 \
+        "$ENV/bin/python" -m pip install --quiet --no-build-isolation --no-deps arctic-inference==0.3.0
 fi
 
 MODEL_DIR=${PROMPTLOOKUP_VLLM_MODEL:-$ENV/smollm2-hf}

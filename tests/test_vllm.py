@@ -229,3 +229,19 @@ def test_vllm_end_to_end(tmp_path):
     assert r["session_identical"]
     assert r["session_second_accepted"] > r["session_second_alone_accepted"]  # the first request helped
     assert r["history_saved"]
+
+
+@pytest.mark.skipif(not (VLLM_PY.exists() and (VLLM_MODEL / "model.safetensors").exists()),
+                    reason="no vLLM environment: bash scripts/vllm_env.sh")
+def test_vllm_serve_with_the_openai_client(tmp_path):
+    """``vllm serve --speculative-config`` loads our class, answers the openai client, and drafts."""
+    out = tmp_path / "serve.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    script = ROOT / "tests" / "vllm_serve_check.py"
+    proc = subprocess.run([str(VLLM_PY), str(script), str(VLLM_MODEL), str(out)],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:] + (out.with_suffix(".log").read_text()[-4000:]
+                                                       if out.with_suffix(".log").exists() else "")
+    r = json.loads(out.read_text())
+    assert r["finish_reason"] in ("stop", "length") and r["completion_tokens"] > 0
+    assert r["spec"]["drafts"] > 0 and r["spec"]["accepted_tokens"] > 0
