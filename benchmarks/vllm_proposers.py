@@ -56,13 +56,27 @@ def _forget(worker) -> bool:
     return False
 
 
+class SpecCounter:
+    """This engine's speculative counters. ``LLM.get_metrics()`` reads the process-wide Prometheus
+    registry, where only the engine made last is visible, so each engine gets this recorder in its
+    own stat-logger list (vLLM 0.32's ``StatLoggerManager.stat_loggers``)."""
+
+    def __init__(self) -> None:
+        self.counts = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
+
+    def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0) -> None:
+        spec = getattr(scheduler_stats, "spec_decoding_stats", None)
+        if spec is not None:
+            self.counts["drafts"] += spec.num_drafts
+            self.counts["draft_tokens"] += spec.num_draft_tokens
+            self.counts["accepted_tokens"] += spec.num_accepted_tokens
+
+    def __getattr__(self, name):  # log(), log_engine_initialized(), record_sleep_state(): nothing to do
+        return lambda *a, **k: None
+
+
 def counters(llm) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for m in llm.get_metrics():
-        if m.name.startswith("vllm:spec_decode_num_") and hasattr(m, "value"):
-            key = m.name.removeprefix("vllm:spec_decode_num_")
-            out[key] = out.get(key, 0) + m.value
-    return out
+    return dict(llm._promptlookup_counter.counts)
 
 
 def main() -> None:
@@ -107,6 +121,9 @@ def main() -> None:
         t0 = time.time()
         engines[name] = LLM(model=a.model, dtype=a.dtype, enforce_eager=True, max_model_len=4096, seed=0,
                             disable_log_stats=False, max_num_seqs=8, speculative_config=ROWS[name])
+        counter = SpecCounter()
+        engines[name].llm_engine.logger_manager.stat_loggers.append(counter)
+        engines[name]._promptlookup_counter = counter
         print(f"# {name}: engine up in {time.time() - t0:.0f} s", file=sys.stderr)
     results: list[dict] = []
     tokens: dict[tuple[str, str], list] = {}
