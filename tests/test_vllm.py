@@ -245,3 +245,14 @@ def test_vllm_serve_with_the_openai_client(tmp_path):
     r = json.loads(out.read_text())
     assert r["finish_reason"] in ("stop", "length") and r["completion_tokens"] > 0
     assert r["spec"]["drafts"] > 0 and r["spec"]["accepted_tokens"] > 0
+
+
+@pytest.mark.skipif(not (VLLM_MODEL / "tokenizer.json").exists(),
+                    reason="no converted model: bash scripts/vllm_env.sh")
+def test_history_fingerprint_is_the_clis_for_the_same_model(vocab_tokenizer):
+    """A history file written by the CLI (llama.cpp's vocabulary) loads in vLLM, and back."""
+    transformers = pytest.importorskip("transformers")
+    from promptlookup.integrations.vllm import hf_fingerprint
+
+    tok = transformers.AutoTokenizer.from_pretrained(VLLM_MODEL)
+    assert hf_fingerprint(tok, vocab_tokenizer.n_vocab) == vocab_tokenizer.fingerprint() == "01f705e3bb6c4611"
