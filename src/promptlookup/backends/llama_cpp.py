@@ -101,6 +101,19 @@ class LlamaCppBackend:
     def is_eog(self, token: int) -> bool:
         return bool(self._lib.llama_vocab_is_eog(self._vocab, int(token)))
 
+    @property
+    def eog_ids(self) -> frozenset[int]:
+        """Every id that ends generation (EOS, EOT, ...)."""
+        if getattr(self, "_eog", None) is None:
+            self._eog = frozenset(t for t in range(self.n_vocab) if self.is_eog(t))
+        return self._eog
+
+    def grammar_tokenizer(self) -> object:
+        """llguidance's tokenizer over this vocabulary (structured output; ~1 s, cached by the engine)."""
+        from llguidance.llamacpp import lltokenizer_from_vocab
+
+        return lltokenizer_from_vocab(self._vocab, eos_token=sorted(self.eog_ids) or None)
+
     def check_token(self, token: int) -> None:
         if not 0 <= int(token) < self.n_vocab:
             raise BackendError(f"token id {token} is outside the vocabulary (0..{self.n_vocab - 1})")
