@@ -219,5 +219,6 @@ def test_engine_chat_with_response_format_and_speculation():
     assert {o.text for o in out} == {out[0].text}
     assert out[0].finish_reason == "stop"
     assert jsonschema_rs.validator_for(schema).is_valid(json.loads(out[0].text))
-    obj = engine.chat(messages, max_tokens=200, temperature=0.8, seed=5, response_format={"type": "json_object"})
+    obj = engine.chat(messages, max_tokens=200, temperature=0.8, seed=5,
+                      response_format={"type": "json_object"})
     assert isinstance(json.loads(obj.text), dict)

@@ -88,10 +88,10 @@ def parse_response_format(value: Any, param: str = "response_format") -> Grammar
         return Grammar.json_object()
     if kind == "json_schema":
         spec = value.get("json_schema")
-        if not isinstance(spec, Mapping) or "schema" not in spec:
+        if not isinstance(spec, Mapping):
             raise RequestError(f"{param}: json_schema must be an object with a schema "
                                '({"name": ..., "schema": {...}})', param)
-        return Grammar.json_schema(spec["schema"], param=param)
+        return Grammar.json_schema(spec.get("schema", {}), param=param)  # no schema: any JSON value
     raise RequestError(f"{param}.type must be text, json_object or json_schema, got {kind!r}", param)
 
 
