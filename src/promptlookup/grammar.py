@@ -9,7 +9,7 @@ about a millisecond and computes a mask lazily, ~10 us median per token on the s
 
 Why the state is synced, not pushed. The sampler is called for position ``n`` with the tokens
 before it (``tokens[:n]``, drafts included); the grammar state at ``n`` is a pure function of the
-constrained tokens ``tokens[start:n]``. :meth:`Constraint.mask_at` rolls the matcher back to the
+constrained tokens ``tokens[start:n]``. :meth:`Constraint.sync` rolls the matcher back to the
 longest prefix it shares with them and consumes the rest, so it advances through accepted tokens and
 follows every KV-cache rollback without the loop or the backend telling it anything, exactly like
 the position-keyed random stream. A drafted token the grammar forbids is never consumed: the masked
@@ -146,8 +146,8 @@ class Constraint:
     """One generation's grammar state: which tokens may come at a position, given those before it.
 
     Positions from ``start`` (the prompt's length) on are constrained. The matcher's state follows
-    the tokens it is shown (:meth:`mask_at`); ``allows`` and ``mask_at`` never change what it has
-    consumed beyond that sync."""
+    the tokens it is shown (:meth:`sync`); :meth:`allows` and :meth:`allowed` read the synced
+    state's mask (computed once per state) and change nothing."""
 
     def __init__(self, tokenizer: Any, grammar: Grammar, eog: Sequence[int] = ()) -> None:
         import llguidance
@@ -185,7 +185,9 @@ class Constraint:
             limit = min(len(have), len(target))
             while common < limit and have[common] == target[common]:
                 common += 1
-            self._matcher.rollback(len(have) - common)
+            if not self._matcher.rollback(len(have) - common):  # past its history: start over
+                self._matcher.reset()
+                common = 0
             del have[common:]
         self._version += 1
         rest = target[common:]
@@ -223,9 +225,6 @@ class Constraint:
                 if 0 <= t < n_vocab:
                     mask[t] = True
         return mask
-
-    def text_is_complete(self) -> bool:
-        return bool(self._matcher.is_accepting())
 
 
 def apply_mask(row: np.ndarray, mask: np.ndarray) -> np.ndarray:
