@@ -195,6 +195,12 @@ class ByteModel(LogitsFakeModel):
     def control_texts(self) -> list[str]:
         return list(self.CONTROLS)
 
+    def token_bytes(self, token: int) -> bytes:
+        """What a token stands for (structured output builds its vocabulary from these)."""
+        if token < 256:
+            return bytes([token])
+        return b"<|eos|>" if token == self.EOS else self.CONTROLS[token - 257].encode()
+
     def fingerprint(self) -> str:
         return "bytes-test"
 

@@ -280,3 +280,33 @@ def test_source_flags_take_bounds_and_help_from_the_options(capsys):
     assert "--draft" not in serve  # one source's settings go in the server's --speculate SPEC
     stats = build_parser().parse_args(["stats", "-f", "t", "--source", "ngram"])  # the old name
     assert stats.speculate == "ngram"
+
+
+def test_json_schema_file_problems_are_one_line(capsys, tmp_path):
+    code, _, err = run_main(capsys, "generate", "-p", "hi", "--json-schema", str(tmp_path / "none.json"))
+    assert code == 2 and "--json-schema" in err and "No such file" in err
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"type": "wat"}')
+    code, _, err = run_main(capsys, "generate", "-p", "hi", "--json-schema", str(bad))
+    assert code == 2 and "cannot be enforced" in err and "Traceback" not in err
+    code, _, err = run_parser(capsys, "generate", "-p", "hi", "--json-schema", str(bad), "--json-object")
+    assert code == 2 and "not allowed with" in err
+
+
+@pytest.mark.model
+@requires_model
+def test_json_schema_constrains_the_output(capsys, tmp_path):
+    schema = {"type": "object", "properties": {"name": {"enum": ["read_file", "edit_file"]},
+                                               "path": {"type": "string", "maxLength": 40}},
+              "required": ["name", "path"], "additionalProperties": False}
+    path = tmp_path / "tool.json"
+    path.write_text(json.dumps(schema))
+    texts = []
+    for speculate in (["--speculate", "off"], ["--ngram"]):
+        code, out, _ = run_main(capsys, "generate", "--chat", "-p", "Read the file README.md with a tool.",
+                                "--json-schema", str(path), "-n", "80", "-t", "1", "--json", *speculate)
+        assert code == 0
+        texts.append(json.loads(out)["text"])
+    assert texts[0] == texts[1]
+    obj = json.loads(texts[0])
+    assert set(obj) == {"name", "path"} and obj["name"] in ("read_file", "edit_file")

@@ -215,3 +215,27 @@ def test_speculative_sampling_equals_plain_sampling_for_the_same_seed(tb, copy_i
     hot = generate(tb, copy_ids, 48, sampler=Sampler(SamplingParams(temp=1.5, top_k=0, top_p=1.0,
                                                                     min_p=0.0), 7)).tokens
     assert hot != greedy  # it really sampled
+
+
+def test_structured_output_is_exact_under_speculation_on_transformers(tb):
+    """fp32 transformers: batched logits equal single ones, so constrained speculative output equals
+    constrained plain output token for token, greedy and seeded; the same JSON as llama.cpp's grammar."""
+    import json
+
+    from promptlookup.api import Engine
+
+    engine = Engine.from_backend(tb, speculate="off")
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                               "population": {"type": "integer", "minimum": 0}},
+              "required": ["city", "population"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "c", "schema": schema}}
+    messages = [{"role": "user", "content": "Describe Paris as JSON, then describe Paris as JSON again."}]
+    for settings in ({"temperature": 0}, {"temperature": 0.8, "seed": 3}):
+        plain = engine.chat(messages, max_tokens=40, response_format=fmt, speculate="off", **settings)
+        spec = engine.chat(messages, max_tokens=40, response_format=fmt, speculate="ngram:draft=6",
+                           **settings)
+        assert spec.tokens == plain.tokens
+        assert plain.text.startswith("{")
+        if plain.finish_reason == "stop":  # else cut by max_tokens: a prefix of valid JSON
+            obj = json.loads(plain.text)
+            assert set(obj) == {"city", "population"} and len(obj["city"]) <= 20

@@ -34,6 +34,7 @@ from promptlookup.backends.costs import cached_cost_curve
 from promptlookup.drafting.base import DraftSource, report_of
 from promptlookup.drafting.spec import OFF, Run, SourceSpec, SpecError, save_state, source_factory
 from promptlookup.errors import RequestError, UsageError, check_prompt_fits
+from promptlookup.grammar import Constraint, eog_ids, grammar_tokenizer
 from promptlookup.options import MAX_STOP_CHARS, MAX_STOPS, RequestOptions
 from promptlookup.sampling import Sampler, TokenLogprob
 from promptlookup.speculate import steps
@@ -159,6 +160,8 @@ class Engine:
         self._lock = threading.Lock()
         self._sources: dict[str, Any] = {}
         self._cache_valid = False  # the backend's cache is known to hold backend.tokens
+        self._grammar_lock = threading.Lock()
+        self._grammar_tokenizer: Any = None  # llguidance's view of the vocabulary, built on first use
         self.requests = 0
         self.default_spec = self.spec(speculate)  # flags are checked before any model loads
 
@@ -251,7 +254,8 @@ class Engine:
             raise RequestError("the prompt is empty: at least one token is needed", "prompt")
         check_prompt_fits(len(ids), self.n_ctx)
         spec = self.spec(opts.speculate)
-        sampler = opts.sampler()
+        self._check_bias(opts)
+        sampler = opts.sampler(self._constraint(opts))
         stops = opts.stops()
         chunks = self._run(ids, opts, spec, sampler, stops)
         if stream:
@@ -261,6 +265,23 @@ class Engine:
             pass
         assert last is not None and last.completion is not None
         return last.completion
+
+    def _check_bias(self, opts: RequestOptions) -> None:
+        n_vocab = int(self.backend.n_vocab)
+        for t, _ in opts.logit_bias or ():
+            if t >= n_vocab:
+                raise RequestError(f"logit_bias: token {t} is outside the vocabulary (0..{n_vocab - 1})",
+                                   "logit_bias")
+
+    def _constraint(self, opts: RequestOptions) -> Constraint | None:
+        """The grammar state of ``opts.response_format`` on this model (None: free text)."""
+        if opts.response_format is None:
+            return None
+        with self._grammar_lock:
+            if self._grammar_tokenizer is None:
+                self._grammar_tokenizer = grammar_tokenizer(self.backend)
+            eog = eog_ids(self.backend)
+        return Constraint(self._grammar_tokenizer, opts.response_format, eog)
 
     def _run(self, ids: list[int], opts: RequestOptions, spec: SourceSpec, sampler: Sampler,
              stops: list[str]) -> Iterator[Chunk]:

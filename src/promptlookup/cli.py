@@ -108,6 +108,22 @@ def _request_options(args: argparse.Namespace, **more):
                           seed=args.seed, **more)
 
 
+def _response_format(args: argparse.Namespace) -> dict | None:
+    """``--json-schema FILE`` / ``--json-object`` as OpenAI's response_format (checked with the options)."""
+    if getattr(args, "json_object", False):
+        return {"type": "json_object"}
+    path = getattr(args, "json_schema", None)
+    if path is None:
+        return None
+    from promptlookup.errors import InputError
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"--json-schema {path}: {exc}") from None
+    return {"type": "json_schema", "json_schema": {"name": Path(path).stem, "schema": text}}
+
+
 def _sampling_line(params, seed: int) -> str:
     return f"sampling: {params.describe()}; seed {seed} (--seed {seed} repeats this run)"
 
@@ -194,6 +210,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--logprobs", type=_int_in(0, 20, "--logprobs"), metavar="N",
                    help="with --json: each token's log-probability (raw model distribution) and the "
                         "N most likely alternatives at its position")
+    fmt = g.add_mutually_exclusive_group()
+    fmt.add_argument("--json-schema", metavar="FILE",
+                     help="structured output: the text is JSON valid against the JSON Schema in FILE, "
+                          "enforced token by token (speculation included; docs/agents.md)")
+    fmt.add_argument("--json-object", action="store_true",
+                     help="structured output: the text is one JSON object")
     g.add_argument("--csv", metavar="FILE", help="append one key=value row of counters to FILE")
     g.add_argument("--json", action="store_true",
                    help="print one JSON object (tokens, text, counters) instead of text + report")
@@ -447,7 +469,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     history = spec.get("history")
     budget = int(spec.get("budget")) if spec.get("budget") is not None else None
     spec = spec.without("history", "budget")
-    opts = _request_options(args, max_tokens=args.n_predict, logprobs=args.logprobs, speculate=spec)
+    opts = _request_options(args, max_tokens=args.n_predict, logprobs=args.logprobs, speculate=spec,
+                            response_format=_response_format(args))
     text = _read_prompt(args)
     system = prompt_text(args.system, "--system") if args.system is not None else None
     engine = Engine(args.model, getattr(args, "backend", "llama.cpp"), threads=args.threads,

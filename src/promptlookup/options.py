@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from promptlookup.errors import RequestError
+from promptlookup.grammar import parse_response_format
 from promptlookup.sampling import Sampler, SamplingParams, check_seed_and_logprobs
+
+if TYPE_CHECKING:
+    from promptlookup.grammar import Constraint
 
 MAX_STOPS = 16  # stop strings per request (OpenAI allows 4; llama-server any)
 MAX_STOP_CHARS = 1000
@@ -49,6 +53,11 @@ class RequestOptions:
     speculate: Any = None  # str | SourceSpec | None (None: the engine's setting)
     timeout: float | None = None
     cancelled: Callable[[], bool] | None = None
+    # OpenAI's response_format ({"type": "json_object"}, {"type": "json_schema", "json_schema":
+    # {"schema": ...}}) or a grammar.Grammar; kept as the checked Grammar (None: free text)
+    response_format: Any = None
+    # OpenAI's logit_bias: token id -> bias in -100..100, added to the raw logits; kept as sorted pairs
+    logit_bias: Mapping[int | str, float] | Sequence[tuple[int, float]] | None = None
 
     def __post_init__(self) -> None:
         mt = self.max_tokens
@@ -57,6 +66,8 @@ class RequestOptions:
         object.__setattr__(self, "stop", _checked_stops(self.stop))
         self.sampling_params()  # raises SamplingError (an InputError) on any bad sampler setting
         check_seed_and_logprobs(self.seed, self.logprobs)
+        object.__setattr__(self, "response_format", parse_response_format(self.response_format))
+        object.__setattr__(self, "logit_bias", _checked_bias(self.logit_bias))
         t = self.timeout
         if t is not None and (isinstance(t, bool) or not isinstance(t, numbers.Real) or math.isnan(t)):
             raise RequestError(f"timeout must be a number of seconds, got {t!r}", "timeout")
@@ -68,9 +79,11 @@ class RequestOptions:
                               repeat_last_n=self.repeat_last_n, presence_penalty=self.presence_penalty,
                               frequency_penalty=self.frequency_penalty)
 
-    def sampler(self) -> Sampler:
-        """A fresh sampler for one generation (a random seed is drawn here when none was given)."""
-        return Sampler(self.sampling_params(), self.seed, logprobs=self.logprobs)
+    def sampler(self, constraint: Constraint | None = None) -> Sampler:
+        """A fresh sampler for one generation (a random seed is drawn here when none was given);
+        ``constraint`` is the engine's grammar state for :attr:`response_format`."""
+        return Sampler(self.sampling_params(), self.seed, logprobs=self.logprobs,
+                       logit_bias=dict(self.logit_bias or ()), constraint=constraint)
 
     def stops(self) -> list[str]:
         return list(self.stop)  # type: ignore[arg-type]
@@ -78,6 +91,39 @@ class RequestOptions:
     def replace(self, **changes: Any) -> RequestOptions:
         """These options with ``changes`` (checked again)."""
         return replace(self, **changes)
+
+
+MAX_BIAS = 100.0  # OpenAI's range: -100 bans a token, 100 forces it
+MAX_BIASES = 1024
+
+
+def _checked_bias(bias: Any) -> tuple[tuple[int, float], ...] | None:
+    """``logit_bias`` as sorted (id, bias) pairs; ids may come as JSON's strings ("50256")."""
+    if bias is None:
+        return None
+    items = bias.items() if isinstance(bias, Mapping) else bias
+    try:
+        pairs = list(items)
+    except TypeError:
+        raise RequestError("logit_bias must map token ids to numbers", "logit_bias") from None
+    if len(pairs) > MAX_BIASES:
+        raise RequestError(f"logit_bias: at most {MAX_BIASES} tokens, got {len(pairs)}", "logit_bias")
+    out: dict[int, float] = {}
+    for pair in pairs:
+        if not (isinstance(pair, Sequence) and len(pair) == 2):
+            raise RequestError("logit_bias must map token ids to numbers", "logit_bias")
+        key, value = pair
+        if isinstance(key, str) and key.strip().isdigit():
+            key = int(key)
+        if isinstance(key, bool) or not isinstance(key, numbers.Integral) or key < 0:
+            raise RequestError(f"logit_bias: a key must be a token id (an integer >= 0), got {key!r}",
+                               "logit_bias")
+        if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value)
+                or abs(value) > MAX_BIAS):
+            raise RequestError(f"logit_bias: the bias of token {key} must be a number in -100..100, "
+                               f"got {value!r}", "logit_bias")
+        out[int(key)] = float(value)
+    return tuple(sorted(out.items())) or None
 
 
 def _checked_stops(stop: Any) -> tuple[str, ...]:

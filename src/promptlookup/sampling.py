@@ -15,6 +15,10 @@ whose batched logits differ slightly, it is exact in distribution and the same s
 
 The chain is llama.cpp's default order and meaning (``common/sampling.cpp``, ``src/llama-sampling.cpp``):
 
+0. **logit bias** (OpenAI's ``logit_bias``: added to the raw logits), and a **grammar**
+   (:mod:`promptlookup.grammar`, structured output) that removes the ids it forbids from the
+   candidates, as llama.cpp's ``grammar_first``; greedy with a grammar is the argmax of the allowed
+   ids, which is the plain argmax whenever that one is allowed (checked first: one bit of the mask);
 1. **penalties** over the last ``repeat_last_n`` tokens before the position (prompt and drafts
    included: a draft before the position is the accepted prefix whenever this position's sample is
    used), once per distinct token id: the repeat penalty divides a positive logit and multiplies a
@@ -40,12 +44,17 @@ from __future__ import annotations
 import math
 import secrets
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from promptlookup.errors import InputError
+from promptlookup.grammar import apply_mask
+
+if TYPE_CHECKING:
+    from promptlookup.grammar import Constraint
 
 _MASK = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -220,12 +229,22 @@ def _reference_top_k(row: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def reference_sample(logits: np.ndarray, tokens: Sequence[int], n: int, params: SamplingParams,
-                     seed: int) -> int:
-    """The plain implementation: the whole vocabulary penalized, sorted and cut."""
-    row = penalize(np.asarray(logits, dtype=np.float32), tokens, n, params)
+                     seed: int, logit_bias: Mapping[int, float] | None = None,
+                     allowed: np.ndarray | None = None) -> int:
+    """The plain implementation: the whole vocabulary biased, penalized, masked (``allowed``, a
+    grammar's ids), sorted and cut."""
+    row = np.array(logits, dtype=np.float32, copy=True)
+    for t, b in (logit_bias or {}).items():
+        row[t] = np.float32(row[t] + np.float32(b))
+    row = penalize(row, tokens, n, params)
+    if allowed is not None:
+        row = np.where(allowed, row, -np.inf).astype(np.float32)
     if params.greedy:
         return int(np.argmax(row))
     ids, lg = _reference_top_k(row, params.top_k)
+    if allowed is not None:
+        keep = np.isfinite(lg)
+        ids, lg = ids[keep], lg[keep]
     return _finish(ids, lg, params, uniform(seed, n))
 
 
@@ -248,21 +267,31 @@ class Sampler:
     """
 
     def __init__(self, params: SamplingParams | None = None, seed: int | None = None,
-                 logprobs: int | None = None) -> None:
+                 logprobs: int | None = None, logit_bias: Mapping[int, float] | None = None,
+                 constraint: Constraint | None = None) -> None:
         self.params = params or SamplingParams()
         self.seed = random_seed() if seed is None else int(seed)
         check_seed_and_logprobs(self.seed, logprobs)
         self.logprobs = logprobs
         self._key = stream_key(self.seed)
         self.recorded: dict[int, TokenLogprob] = {}
+        bias = dict(logit_bias or {})
+        self._bias_ids = np.array(sorted(bias), dtype=np.int64)
+        self._bias = np.array([bias[t] for t in sorted(bias)], dtype=np.float32)
+        self.constraint = constraint
 
     @property
     def argmax_only(self) -> bool:
         """True when every position's choice is its raw argmax (a backend may take it in bulk)."""
-        return self.params.greedy and not self.params.penalties and self.logprobs is None
+        return (self.params.greedy and not self.params.penalties and self.logprobs is None
+                and not len(self._bias_ids) and self.constraint is None)
 
-    def reset(self) -> None:
+    def reset(self, start: int = 0) -> None:
+        """Before a generation whose first generated token is at position ``start`` (the prompt's
+        length: where a grammar starts)."""
         self.recorded.clear()
+        if self.constraint is not None:
+            self.constraint.reset(start)
 
     def uniform(self, pos: int) -> float:
         return _uniform_from_key(self._key, pos)
@@ -272,14 +301,27 @@ class Sampler:
         """The token at position ``n`` given ``tokens[:n]`` and the logits that predict it."""
         params = self.params
         row = logits
+        if len(self._bias_ids):  # first in llama.cpp's chain, as OpenAI's logit_bias
+            row = np.array(logits, dtype=np.float32, copy=True)
+            row[self._bias_ids] += self._bias
         if params.penalties:
             window = _window(tokens, n, params.repeat_last_n)
             if len(window):
                 ids, counts = np.unique(np.asarray(window, dtype=np.int64), return_counts=True)
-                row = np.array(logits, dtype=np.float32, copy=True)
+                row = np.array(row, dtype=np.float32, copy=row is logits)
                 row[ids] = _penalized(row[ids], counts, params)
+        constraint = self.constraint
+        if constraint is not None and not constraint.sync(tokens, n):
+            constraint = None  # a row past a drafted end of generation: the loop never reads it
         if params.greedy:
             tok = int(np.argmax(row))
+            # the argmax of the allowed ids is the plain argmax whenever that one is allowed
+            if constraint is not None and not constraint.allows(tok):
+                tok = int(np.argmax(apply_mask(row, constraint.allowed(len(row)))))
+        elif constraint is not None:
+            allowed = np.flatnonzero(constraint.allowed(len(row)))
+            ids, lg = self._top_k(np.asarray(row, dtype=np.float32)[allowed], params.top_k)
+            tok = _finish(allowed[ids], lg, params, self.uniform(n))
         else:
             ids, lg = self._top_k(row, params.top_k)
             tok = _finish(ids, lg, params, self.uniform(n))

@@ -107,7 +107,7 @@ def steps(
     c.draft_s += perf() - t0
 
     if sampler is not None:
-        sampler.reset()
+        sampler.reset(len(prompt))  # a grammar constrains the positions from here on
     t0 = perf()
     pending = backend.prefill(prompt, sampler, keep)
     c.prefill_s = perf() - t0

@@ -88,6 +88,10 @@ class Model(Decoder, Protocol):
     def close(self) -> None:
         """Free the model (idempotent)."""
 
+    # Optional, for structured output (promptlookup.grammar): ``grammar_tokenizer()`` (llguidance's
+    # tokenizer over the vocabulary) or ``token_bytes(id)``; a backend with neither refuses
+    # ``response_format``. Not part of the Protocol, so test doubles need not implement it.
+
 
 def one_turn(user: str, system: str | None = None) -> list[dict[str, str]]:
     """The messages of a one-turn chat: an optional system message, then the user's."""

@@ -129,6 +129,40 @@ class LlamaCppBackend:
     def is_eog(self, token: int) -> bool:
         return bool(self._lib.llama_vocab_is_eog(self._vocab, int(token)))
 
+    @property
+    def eog_ids(self) -> frozenset[int]:
+        """Every id that ends generation (EOS, EOT, ...)."""
+        if getattr(self, "_eog", None) is None:
+            self._eog = frozenset(t for t in range(self.n_vocab) if self.is_eog(t))
+        return self._eog
+
+    def grammar_tokenizer(self) -> object:
+        """llguidance's tokenizer over this vocabulary (structured output; built once per engine).
+
+        As ``llguidance.llamacpp.lltokenizer_from_vocab`` (each token's piece; control tokens, and
+        user-defined ones that look like them, marked with a 0xff byte; llama.cpp's own tokenizer
+        for text), with llama.cpp's current attribute call instead of its deprecated alias."""
+        import ctypes
+
+        import llguidance
+
+        lib, vocab = self._lib, self._vocab
+        buf = ctypes.create_string_buffer(16 * 1024 + 1)
+        tokens: list[bytes] = []
+        for t in range(self.n_vocab):
+            n = lib.llama_token_to_piece(vocab, t, buf, 16 * 1024, 0, True)
+            if n < 0:
+                raise BackendError(f"token {t}'s text is over 16 KiB")
+            piece = bytes(buf[:n])
+            attr = lib.llama_vocab_get_attr(vocab, t)
+            if attr & lib.LLAMA_TOKEN_ATTR_CONTROL or (attr & lib.LLAMA_TOKEN_ATTR_USER_DEFINED
+                                                       and piece.startswith(b"<") and piece.endswith(b">")):
+                piece = b"\xff" + piece
+            tokens.append(piece)
+        tokenize = ctypes.cast(lib.llama_cpp._lib.llama_tokenize, ctypes.c_void_p).value
+        return llguidance.LLTokenizer.from_llamacpp(tokens=tokens, vocab_ptr=vocab, tokenize_fptr=tokenize,
+                                                    eos_token=sorted(self.eog_ids) or None, slices=None)
+
     def check_token(self, token: int) -> None:
         if not 0 <= int(token) < self.n_vocab:
             raise BackendError(f"token id {token} is outside the vocabulary (0..{self.n_vocab - 1})")

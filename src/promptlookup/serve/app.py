@@ -247,8 +247,10 @@ def _param(loc: Sequence[Any]) -> str | None:
     for i, x in enumerate(loc):
         if x == "body" or (isinstance(x, str) and (x in _UNION_TAGS or any(ch in x for ch in "[]-"))):
             continue
-        if i and isinstance(loc[i - 1], int) and x in ROLES:
+        if i and isinstance(loc[i - 1], int) and x in ROLES + ("tool", "function"):
             continue
+        if i and loc[i - 1] == "response_format" and x in ("text", "json_object", "json_schema"):
+            continue  # the discriminator's tag, as a role after a message's index
         parts.append(str(x))
     return ".".join(parts) or None
 
@@ -335,6 +337,7 @@ async def models(request: Request) -> dict[str, Any]:
                                                  "or with stream: true server-sent chunks"}})
 async def chat_completions(body: s.ChatCompletionRequest, request: Request) -> Response:
     server = _server(request)
+    body.refuse_unsupported()
     job = server.job("chat", check_messages(_messages(body)), body)  # every 400 before the queue
     return await server.respond(request, job, Render(server.model, "chat", body, job.options.logprobs))
 

@@ -71,6 +71,8 @@ class SamplingFields(_Request):
         description="extension: the draft source for this request, e.g. off, suffix, ngram:draft=4, auto "
                     "(default: the server's --speculate); the output is the model's own either way")
     user: str | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
+        None, description="token id (as text) -> bias added to its logit, -100..100 (-100 bans it)")
     return_token_ids: bool | None = Field(False, description="extension (vLLM's): the generated token ids "
                                                               "in choices[0].token_ids (not streamed)")
 
@@ -99,7 +101,12 @@ class SamplingFields(_Request):
             top_k=self.top_k or 0, min_p=self.min_p or 0.0,
             repeat_penalty=1.0 if self.repeat_penalty is None else self.repeat_penalty,
             presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
-            seed=self.seed, stop=self.stop, logprobs=self.logprob_count(), speculate=speculate)
+            seed=self.seed, stop=self.stop, logprobs=self.logprob_count(), speculate=speculate,
+            logit_bias=self.logit_bias, response_format=self.grammar())
+
+    def grammar(self) -> Any:
+        """The response format as RequestOptions takes it (None: free text)."""
+        return None
 
 
 class TextPart(_Request):
@@ -117,19 +124,94 @@ class AssistantMessage(_Request):
     role: Literal["assistant"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[Any] | None = Field(None, description="not supported yet (refused when non-empty)")
+    function_call: Any = Field(None, description="not supported (refused)")
+
+
+class ToolMessage(_Request):
+    """A tool's result: accepted by the schema so that the refusal names it (no tool calling yet)."""
+
+    role: Literal["tool", "function"]
+    content: Any = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+
+class TextFormat(_Request):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(_Request):
+    type: Literal["json_object"]
+
+
+class JsonSchemaSpec(_Request):
+    name: str | None = Field(None, max_length=256)
+    description: str | None = None
+    schema_: dict[str, Any] | bool | None = Field(None, alias="schema",
+                                                  description="the JSON Schema the answer must satisfy")
+    strict: bool | None = Field(None, description="always enforced (a grammar masks every token)")
+
+
+class JsonSchemaFormat(_Request):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
+
+
+ResponseFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaFormat, Discriminator("type")]
 
 
 class ChatCompletionRequest(SamplingFields):
-    messages: list[Annotated[Message | AssistantMessage, Discriminator("role")]] = Field(min_length=1)
+    messages: list[Annotated[Message | AssistantMessage | ToolMessage, Discriminator("role")]] = Field(
+        min_length=1)
     max_tokens: _int(1, MAX_TOKENS_LIMIT) | None = Field(None,
                                    description="default: until the context is full")
     max_completion_tokens: _int(1, MAX_TOKENS_LIMIT) | None = Field(None,
                                               description="OpenAI's newer name for max_tokens")
     logprobs: bool | None = False
     top_logprobs: _int(0, MAX_TOP_LOGPROBS) | None = Field(None)
+    response_format: ResponseFormat | None = Field(
+        None, description="json_object or json_schema: the answer is constrained by a grammar, token by "
+                          "token (speculation included)")
+    # not supported yet: refused by name rather than ignored
+    tools: list[Any] | None = Field(None, description="not supported yet (refused when non-empty)")
+    tool_choice: Any = Field(None, description='not supported yet (only "none" or absent)')
+    parallel_tool_calls: bool | None = None
+    functions: list[Any] | None = Field(None, description="not supported (refused when non-empty)")
+    function_call: Any = Field(None, description='not supported (only "none" or absent)')
 
     def new_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def grammar(self) -> Any:
+        self.refuse_unsupported()
+        fmt = self.response_format
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_object":
+            return {"type": "json_object"}
+        schema = fmt.json_schema.schema_
+        return {"type": "json_schema", "json_schema": {"schema": {} if schema is None else schema}}
+
+    def refuse_unsupported(self) -> None:
+        """Tool calling is not here yet: a request that asks for it is refused by the field's name,
+        never answered as if it had not asked."""
+        for i, m in enumerate(self.messages):
+            if isinstance(m, ToolMessage):
+                raise RequestError(f'messages[{i}]: role "{m.role}" (a tool\'s result) is not supported by '
+                                   "this server yet (no tool calling)", f"messages.{i}.role")
+            if isinstance(m, AssistantMessage) and (m.tool_calls or m.function_call is not None):
+                field = "tool_calls" if m.tool_calls else "function_call"
+                raise RequestError(f"messages[{i}].{field}: assistant tool calls are not supported by this "
+                                   "server yet (no tool calling)", f"messages.{i}.{field}")
+        for name in ("tools", "functions"):
+            if getattr(self, name):
+                raise RequestError(f"{name} is not supported by this server yet (no tool calling); "
+                                   "send the request without it", name)
+        for name in ("tool_choice", "function_call"):
+            if getattr(self, name) not in (None, "none"):
+                raise RequestError(f'{name} must be "none" or absent: this server has no tool calling yet',
+                                   name)
 
     def logprob_count(self) -> int | None:
         if self.top_logprobs is not None and not self.logprobs:
