@@ -157,3 +157,30 @@ def test_the_comparison_is_bitwise_and_names_the_first_row_that_differs():
     assert inv.line() == ("not batch-invariant: 2/5 rows differ from one-token decodes (max |diff| "
                           "2.38e-07, 0 argmax flips; first: verify width 3, position 20)")
     assert not Invariance().bitwise  # nothing compared proves nothing
+
+
+@requires_invariant
+def test_the_server_repeats_a_request_whatever_ran_before_it():
+    # The same temperature-0 request three times on a fresh server with auto (the default: history,
+    # prefix reuse and measured-time choices all change which verify batches run), other requests
+    # between them: identical token ids every time, and equal to the same request with speculate off.
+    import httpx
+    from serving import ServerProcess
+
+    copy = (Path(__file__).resolve().parents[1] / "benchmarks" / "workloads" / "copy_edit.txt").read_text()
+    ask = {"messages": [{"role": "user", "content": copy}], "max_tokens": 96, "temperature": 0,
+           "return_token_ids": True}
+    others = [{"messages": [{"role": "user", "content": t}], "max_tokens": 24, "temperature": 0}
+              for t in ("Name three rivers.", "Repeat: one two three four five six.")]
+    with ServerProcess() as server, httpx.Client(base_url=server.url, timeout=300) as c:
+        def ids(body):
+            r = c.post("/v1/chat/completions", json=body)
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0].get("token_ids")
+
+        runs = [ids(ask)]
+        for other in others:
+            ids(other)
+            runs.append(ids(ask))
+        plain = ids({**ask, "speculate": "off"})
+    assert runs[0] == runs[1] == runs[2] == plain and len(plain) > 20
