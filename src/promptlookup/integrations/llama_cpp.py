@@ -120,12 +120,10 @@ class PromptLookupDraftModel(_Base):  # type: ignore[misc,valid-type]
         self._left_at = 0.0  # when the previous call returned (on ``clock``)
         self._call_s = 0.0  # how long the previous call took
         self._clock = clock  # injected by tests, so that no verdict depends on the machine's load
-        self._checked: set[int] = set()  # the callers (Llama objects) whose score buffer was checked
 
     def __call__(self, input_ids: Any, /, **kwargs: Any) -> np.ndarray:
         """The draft for the history ``input_ids`` (an empty array: no draft)."""
         entered = self._clock()
-        self._check_caller(sys._getframe(1))
         ids = np.asarray(input_ids)
         if ids.ndim != 1:
             raise UsageError(f"a draft model takes one token history (1-D), got shape {ids.shape}")
@@ -145,7 +143,8 @@ class PromptLookupDraftModel(_Base):  # type: ignore[misc,valid-type]
                 # draft (and its sampling): auto learns what a width costs here from it.
                 d.feedback(StepFeedback(fed=1 + len(self._last_draft), confirmed=n - m,
                                         verify_s=entered - self._left_at, draft_s=self._call_s))
-        else:
+        else:  # a new request (once per request, not per step: reading a frame's locals costs)
+            _check_caller(sys._getframe(1))
             d.reset(ids.tolist())
         if n > len(self._seen):
             grown = np.zeros(max(2 * len(self._seen), n), dtype=np.intc)
@@ -163,23 +162,6 @@ class PromptLookupDraftModel(_Base):  # type: ignore[misc,valid-type]
         self._call_s = self._left_at - entered
         return out
 
-    def _check_caller(self, frame: Any) -> None:
-        """Once per calling ``Llama``: refuse, in one line, a score buffer that cannot hold its
-        context (built without ``logits_all=True``; see the module docstring)."""
-        llama = frame.f_locals.get("self")
-        if llama is None or id(llama) in self._checked:
-            return
-        self._checked.add(id(llama))
-        scores, n_ctx = getattr(llama, "scores", None), getattr(llama, "_n_ctx", None)
-        if not (type(llama).__module__.startswith("llama_cpp") and isinstance(scores, np.ndarray)
-                and isinstance(n_ctx, int)):
-            return
-        if scores.shape[0] < n_ctx:
-            raise UsageError(f"this Llama keeps logits for {scores.shape[0]} positions but its context "
-                             f"holds {n_ctx}: with a draft model, build it with logits_all=True "
-                             "(llama-cpp-python sizes that buffer from the argument), or use "
-                             "promptlookup.integrations.llama_cpp.speculative_llama()")
-
     def commit(self) -> None:
         """Add the current request to the source's in-memory history now (a new request does too)."""
         self.drafter.commit()
@@ -191,6 +173,21 @@ class PromptLookupDraftModel(_Base):  # type: ignore[misc,valid-type]
     def stats(self) -> dict[str, float]:
         """Requests, calls, drafts, drafted and accepted tokens since construction."""
         return self.drafter.stats()
+
+
+def _check_caller(frame: Any) -> None:
+    """Refuse, in one line, a calling ``Llama`` whose score buffer cannot hold its context (built
+    without ``logits_all=True``; see the module docstring)."""
+    llama = frame.f_locals.get("self")
+    scores, n_ctx = getattr(llama, "scores", None), getattr(llama, "_n_ctx", None)
+    if not (type(llama).__module__.startswith("llama_cpp") and isinstance(scores, np.ndarray)
+            and isinstance(n_ctx, int)):
+        return
+    if scores.shape[0] < n_ctx:
+        raise UsageError(f"this Llama keeps logits for {scores.shape[0]} positions but its context "
+                         f"holds {n_ctx}: with a draft model, build it with logits_all=True "
+                         "(llama-cpp-python sizes that buffer from the argument), or use "
+                         "promptlookup.integrations.llama_cpp.speculative_llama()")
 
 
 def speculative_llama(model_path: str | os.PathLike[str] | None = None,

@@ -11,6 +11,7 @@ off by default), and in every response ``timings`` (llama-server's object) and `
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field
@@ -76,12 +77,14 @@ class SamplingFields(_Request):
     return_token_ids: bool | None = Field(False, description="extension (vLLM's): the generated token ids "
                                                               "in choices[0].token_ids (not streamed)")
 
-    # what each endpoint calls these (chat and completions name them differently)
+    # chat and completions name these fields differently: each request class answers for its own
+    @abstractmethod
     def new_tokens(self) -> int | None:
-        raise NotImplementedError
+        """The most tokens to generate the body asks for (None: until the context is full)."""
 
+    @abstractmethod
     def logprob_count(self) -> int | None:
-        raise NotImplementedError
+        """Alternatives per token the body asks logprobs for (None: no logprobs)."""
 
     def to_options(self, n_ctx: int, speculate: Any = None) -> RequestOptions:
         """This request's settings as the engine's :class:`RequestOptions`, OpenAI's defaults where
