@@ -84,7 +84,7 @@ class Option:
 
 
 DRAFT = Option(int, 3, 1, MAX_DRAFT, "--draft", "tokens drafted per verify batch (every fixed source; "
-               "auto chooses up to 8)")
+               f"auto chooses up to {MAX_DRAFT})")
 
 
 def module_of(name: str) -> ModuleType:

@@ -125,7 +125,7 @@ class Server:
         """A request, checked, as the data the worker runs: its options built once from the body."""
         opts = body.to_options(self.engine.n_ctx, self.speculate(body.speculate))
         timeout = self.settings.timeout
-        return Job(kind, prompt, opts, asyncio.get_running_loop(), token_texts=opts.logprobs is not None,
+        return Job(kind, prompt, opts, asyncio.get_running_loop(),
                    deadline=None if timeout is None else time.monotonic() + timeout)
 
     async def respond(self, request: Request, job: Job, render: Render) -> Response:

@@ -51,16 +51,15 @@ class Event:
 
 @dataclass(eq=False)
 class Job:
-    """One request: ``kind`` ("chat": ``prompt`` is messages; "completion": text or token ids), its
-    checked ``options``, and whether its response shows logprobs (then the worker looks up the texts
-    of each chunk's logprob tokens: :class:`TokenTexts`)."""
+    """One request: ``kind`` ("chat": ``prompt`` is messages; "completion": text or token ids) and its
+    checked ``options`` (with logprobs asked for, the worker also looks up the texts of each chunk's
+    logprob tokens: :class:`TokenTexts`)."""
 
     kind: str
     prompt: Any
     options: RequestOptions
     loop: asyncio.AbstractEventLoop
     deadline: float | None = None  # time.monotonic() by which the request must be done
-    token_texts: bool = False
     cancel: threading.Event = field(default_factory=threading.Event)
     arrived: float = field(default_factory=time.monotonic)
     started: float | None = None
@@ -195,7 +194,7 @@ class Worker:
                 chunks = self.engine.chat(job.prompt, opts, stream=True)
             else:
                 chunks = self.engine.generate(job.prompt, opts, stream=True)
-            annotate = TokenTexts(self.engine.detokenize) if job.token_texts else None
+            annotate = TokenTexts(self.engine.detokenize) if opts.logprobs is not None else None
         except Exception as exc:  # a request's failure must never end the worker
             if not isinstance(exc, UserError):
                 log.exception("promptlookup serve: a request failed")
