@@ -82,7 +82,7 @@ def test_fifo_bounded_withdraw_failures_and_cancel():
         first = _job(loop, engine, "a", gate=gate, steps=3)
         w.start()
         assert w.submit(first)
-        while w.running == 0:
+        while first.started is None:
             await asyncio.sleep(0.01)
         b, c, d = _job(loop, engine, "b"), _job(loop, engine, "c"), _job(loop, engine, "d")
         assert w.submit(b) and w.submit(c)
@@ -99,7 +99,9 @@ def test_fifo_bounded_withdraw_failures_and_cancel():
         assert await _drain(boom) == ["error:500"]  # a bug in a request is a 500, and the worker lives on
         slow = _job(loop, engine, "slow", steps=1000, delay=0.01)
         assert w.submit(slow)
-        while w.running == 0:
+        # wait for slow itself to start: "the worker is running something" can still be boom, just
+        # finished, and withdrawing slow then drops it from the queue before it ever runs
+        while slow.started is None:
             await asyncio.sleep(0.01)
         w.withdraw(slow)  # running: it ends at its next step
         slow_events = await _drain(slow)
