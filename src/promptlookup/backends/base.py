@@ -11,6 +11,7 @@ position, and hands the sampler its logits rows (``Sampler.sample_rows``).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -91,6 +92,51 @@ class Model(Decoder, Protocol):
     # Optional, for structured output (promptlookup.grammar): ``grammar_tokenizer()`` (llguidance's
     # tokenizer over the vocabulary) or ``token_bytes(id)``; a backend with neither refuses
     # ``response_format``. Not part of the Protocol, so test doubles need not implement it.
+
+
+@dataclass
+class SeqDecode:
+    """One sequence's share of a batched forward: ``ids`` go at that sequence's next positions.
+
+    ``want``: ``"all"`` -- the token chosen after each of them (a verify: greedy, the argmax after
+    every one; with a sampler the list may end at the first choice that rejects the next id, as
+    :meth:`Decoder.verify`); ``"last"`` -- the choice after the last one only (the end of a prompt);
+    ``"none"`` -- nothing (a prompt chunk that more chunks follow)."""
+
+    seq: int
+    ids: Sequence[int]
+    want: str = "all"
+    sampler: Sampler | None = None
+
+
+@runtime_checkable
+class BatchDecoder(Protocol):
+    """A backend that holds ``n_seq`` sequences in one KV cache and decodes several of them in one
+    forward (continuous batching, :mod:`promptlookup.batching`). A backend without it serves one
+    sequence at a time behind the same API.
+
+    Each sequence has its own positions (``0..n_ctx``) and its own cached ids; one sequence's choices
+    never read another's cache. Where batched logits equal single ones (an invariant build, the test
+    doubles) a sequence's choices are the ones it gets decoded alone."""
+
+    n_seq: int  # sequences it holds: ids 0..n_seq - 1
+    n_ctx: int  # positions per sequence
+    n_batch: int  # most tokens one forward takes (decode_many splits a larger batch)
+
+    def seq_tokens(self, seq: int) -> Sequence[int]:
+        """The ids sequence ``seq`` holds in the cache, position by position."""
+
+    def decode_many(self, parts: Sequence[SeqDecode]) -> list[list[int]]:
+        """Decode every part together, at most one part per sequence; what each part wanted, in order.
+
+        Nothing is decoded when a part does not fit (its sequence's cache would pass ``n_ctx``, a
+        token outside the vocabulary): :class:`BackendError` before the forward."""
+
+    def seq_rollback(self, seq: int, n_keep: int) -> None:
+        """Drop sequence ``seq``'s cached positions from ``n_keep`` on (0 clears it)."""
+
+    def is_eog(self, token: int) -> bool:
+        """True when ``token`` ends generation (EOS, EOT, ...)."""
 
 
 def one_turn(user: str, system: str | None = None) -> list[dict[str, str]]:
