@@ -5,9 +5,10 @@ through the C API directly so that a verify step is exactly one ``llama_decode``
 tokens with logits requested for every position, and a rejected draft is undone with
 ``llama_memory_seq_rm``. The context can hold several sequences (``n_seq``, each in its own KV
 stream) that one forward decodes together (:meth:`LlamaCppBackend.decode_many`, continuous
-batching); the single-sequence API is sequence 0 of the same path. Argmax is taken here, in numpy, over the logits rows llama.cpp returns;
-under sampling, the :class:`~promptlookup.sampling.Sampler` reads the same rows in place (no copy of
-the logits unless a penalty is applied).
+batching); the single-sequence API is sequence 0 of the same path. Argmax is taken here, in
+numpy, over the logits rows llama.cpp returns; under sampling, the
+:class:`~promptlookup.sampling.Sampler` reads the same rows in place (no copy of the logits unless a
+penalty is applied).
 """
 
 from __future__ import annotations
