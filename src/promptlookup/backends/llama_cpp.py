@@ -28,6 +28,8 @@ DEFAULT_N_BATCH = 512
 #: the context the ``Llama`` object makes for itself (llama.cpp's smallest): it is only used to load
 #: the weights and the tokenizer, and decoding has its own context (see ``_own_context``)
 SCRATCH_N_CTX = 256
+#: llama.cpp's context size granularity (per sequence, when each has its own KV stream)
+CTX_PAD = 256
 #: what a part of :meth:`LlamaCppBackend.decode_many` may want
 WANTS = ("all", "last", "none")
 #: what llama.cpp's system info prints for the matmul kernels whose result for a row depends on how
@@ -161,7 +163,9 @@ class LlamaCppBackend:
         off, ...), which replaces the ``Llama``'s own scratch context."""
         lib = self._lib
         params = lib.llama_context_params.from_buffer_copy(self._llama.context_params)
-        params.n_ctx = n_ctx * n_seq
+        # llama.cpp pads each sequence's share up to a multiple of 256 anyway; asking for the padded
+        # size keeps the total divisible by n_seq (else it logs a "rounding down" it does not do)
+        params.n_ctx = -(-n_ctx // CTX_PAD) * CTX_PAD * n_seq
         params.n_batch = params.n_ubatch = min(n_batch, n_ctx * n_seq)
         params.n_seq_max = n_seq
         params.kv_unified = False
