@@ -100,9 +100,11 @@ Options = RequestOptions
 
 def load_backend(model: str | Path | None = None, backend: str = "llama.cpp", n_ctx: int = 4096,
                  threads: int | None = None, n_seq: int = 1) -> Model:
-    """A loaded backend: ``llama.cpp`` (a GGUF; the build is checked once per install; ``n_seq``
-    sequences of ``n_ctx`` positions each, decoded together) or ``transformers`` (a GGUF dequantized
-    to fp32, or a local model directory; one sequence)."""
+    """A loaded backend: ``llama.cpp`` (a GGUF; the build is checked once per install) or
+    ``transformers`` (a GGUF dequantized to fp32, or a local model directory).
+
+    ``n_seq``: sequences the KV cache holds, ``n_ctx`` positions each (continuous batching; only
+    llama.cpp holds more than one)."""
     from promptlookup.backends.models import resolve_model
 
     if backend == "transformers":
@@ -110,7 +112,7 @@ def load_backend(model: str | Path | None = None, backend: str = "llama.cpp", n_
 
         path = Path(model) if model and Path(model).is_dir() else resolve_model(model)
         if n_seq != 1:
-            raise UsageError("the transformers backend runs one sequence at a time (parallel must be 1)")
+            raise UsageError(f"the transformers backend holds one sequence, not {n_seq} (parallel must be 1)")
         return TransformersBackend(path, n_ctx=n_ctx, n_threads=threads)
     if backend != "llama.cpp":
         raise UsageError(f"unknown backend {backend!r} (llama.cpp or transformers)")
@@ -119,8 +121,6 @@ def load_backend(model: str | Path | None = None, backend: str = "llama.cpp", n_
 
     path = resolve_model(model)
     ensure_build_checked(path, threads)  # once per installed build, in a child process
-    if n_seq == 1:
-        return LlamaCppBackend(path, n_ctx=n_ctx, n_threads=threads)
     return LlamaCppBackend(path, n_ctx=n_ctx, n_threads=threads, n_seq=n_seq)
 
 
