@@ -144,7 +144,8 @@ def test_parallel_slots_run_together_and_a_dropped_client_frees_its_slot():
     slot; when one client drops its stream, the waiting request gets that slot and finishes while the
     other stream keeps generating to its end."""
     long_body = {"messages": [{"role": "user", "content": "Count from 1 to 500, one number per line."}],
-                 "max_tokens": 300, "temperature": 0, "speculate": "off", "stream": True}
+                 "max_tokens": 300, "temperature": 0, "speculate": "off", "stream": True,
+                 "stream_options": {"include_usage": True}}
     with (ServerProcess("--parallel", "2") as server, httpx.Client(base_url=server.url, timeout=120) as c,
           httpx.Client(base_url=server.url, timeout=120) as s1,
           httpx.Client(base_url=server.url, timeout=120) as s2):
@@ -176,7 +177,7 @@ def test_parallel_slots_run_together_and_a_dropped_client_frees_its_slot():
         resp, lines = streams[1]  # the other stream was never disturbed: it runs to its end
         events = [ln for ln in lines if ln.startswith("data: ")]
         assert events[-1] == "data: [DONE]"
-        last = json.loads(events[-2])
+        last = json.loads(events[-2].removeprefix("data: "))
         assert last["usage"]["completion_tokens"] in range(1, 301)
         resp.close()
         assert wait_until(lambda: c.get("/health").json()["running"] == 0, 30)
