@@ -248,21 +248,26 @@ def test_engine_refuses_parallel_without_a_batching_backend():
 
 
 # -- slots -------------------------------------------------------------------------------------------
-def test_a_request_takes_the_free_slot_with_its_prompt_cached_else_the_longest_idle():
-    a, b, c = (Slot(i, ByteModel()) for i in range(3))
-    pool = SlotPool([a, b, c])
+def test_a_request_takes_the_free_slot_with_its_prompt_cached_else_an_empty_or_the_longest_idle():
+    a, b, c, d = (Slot(i, ByteModel()) for i in range(4))
+    pool = SlotPool([a, b, c, d])
     for slot, text in ((a, b"abcdef"), (b, b"abcxyz"), (c, b"zzz")):
         slot.decoder.prefill(list(text))
         slot.cache_valid = True
     got, keep = pool.acquire(list(b"abcxyq"))
-    assert (got, keep) == (b, 5)
-    pool.release(b)
-    c.cache_valid = False
-    got, keep = pool.acquire(list(b"qqq"))  # no prefix anywhere: a (used least recently) first
-    assert (got.seq, keep) == (0, 0)
-    got2, _ = pool.acquire(list(b"qqq"))
-    assert got2.seq == 2  # c was never acquired; b was acquired after it was made
-    assert pool.busy == 2
+    assert (got, keep) == (b, 5)  # keeps the most (a would keep 3)
+    got, keep = pool.acquire(list(b"abq"))  # a keeps 2 of its 6: it does not fit, the empty d does
+    assert (got, keep) == (d, 0)
+    got, keep = pool.acquire(list(b"abcdeq"))
+    assert (got, keep) == (a, 5)
+    got, keep = pool.acquire(list(b"qqq"))  # the last free slot, whatever it holds
+    assert (got, keep) == (c, 0)
+    assert pool.busy == 4
+    for slot in (a, b, c, d):
+        pool.release(slot)
+    a.cache_valid = b.cache_valid = False  # nothing fits better than empty: the one idle longest
+    got, keep = pool.acquire(list(b"abcdef"))
+    assert (got, keep) == (b, 0)
 
 
 # -- the loop's cap ----------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ positions), so two requests running together need two of each; what they learn a
 suffix history, the caches) is shared by every slot's sources, and a lock (:class:`GuardedSource`)
 keeps one slot from reading the history while another adds a finished request to it. A new request
 takes the free slot whose cache shares the longest prefix with its prompt (a conversation re-sent
-with a new turn lands where its earlier turns are cached), else the one idle longest.
+with a new turn lands where its earlier turns are cached), else an empty one or the one idle longest.
 """
 
 from __future__ import annotations
@@ -52,15 +52,22 @@ class SlotPool:
         return len(self.slots) - len(self._free)
 
     def acquire(self, ids: Sequence[int], reuse_prefix: bool = True) -> tuple[Slot, int]:
-        """A free slot for prompt ``ids`` and how many of its cached positions the prompt can keep."""
+        """A free slot for prompt ``ids`` and how many of its cached positions the prompt can keep.
+
+        A slot *fits* when the prompt keeps at least half of what it caches (an empty slot always
+        does): a fitting slot that keeps the most wins, then the one idle longest. So a prompt that
+        shares only the chat template's opening with a slot goes to an empty slot instead of
+        overwriting a long cached prompt that a later request may re-send."""
         with self._cv:
             while not self._free:
                 self._cv.wait()
-            best, keep = None, -1
+            best, best_key, keep = None, None, 0
             for slot in self._free:
-                k = common_prefix(slot.decoder.tokens, ids) if reuse_prefix and slot.cache_valid else 0
-                if k > keep or (k == keep and best is not None and slot.last_used < best.last_used):
-                    best, keep = slot, k
+                cached = len(slot.decoder.tokens) if reuse_prefix and slot.cache_valid else 0
+                k = common_prefix(slot.decoder.tokens, ids) if cached else 0
+                key = (2 * k >= cached, k, -slot.last_used)
+                if best_key is None or key > best_key:
+                    best, best_key, keep = slot, key, k
             assert best is not None
             self._free.remove(best)
             best.last_used = next(self._tick)
