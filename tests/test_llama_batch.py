@@ -368,3 +368,25 @@ def test_parts_are_packed_into_forwards_of_at_most_n_batch(lengths, n_batch, chu
 
     parts = [SeqDecode(s, [1] * n) for s, n in enumerate(lengths)]
     assert LlamaCppBackend._chunks(SimpleNamespace(n_batch=n_batch), parts) == chunks
+
+
+def test_load_backend_passes_n_seq_and_only_llama_cpp_holds_several():
+    import inspect
+
+    from promptlookup.api import load_backend
+    from promptlookup.errors import UsageError
+
+    assert inspect.signature(load_backend).parameters["n_seq"].default == 1
+    with pytest.raises(UsageError, match=r"^the transformers backend holds one sequence, not 2\b"):
+        load_backend(backend="transformers", n_seq=2)
+
+
+@requires_model
+def test_load_backend_loads_n_seq_sequences():
+    from promptlookup.api import load_backend
+
+    backend = load_backend(n_seq=2, n_ctx=256, threads=1)
+    try:
+        assert (backend.n_seq, backend.n_ctx) == (2, 256)
+    finally:
+        backend.close()
