@@ -230,6 +230,12 @@ def test_scheduler_refuses_what_it_cannot_do():
     with pytest.raises(BackendError, match="sequence 0 already runs a request"):
         sched.open(0)
     assert SlotDecoder(sched, 0).prefill([104, 105]) == alone_next([104, 105])
+    forward = sched._thread  # noqa: SLF001 - the one thread every forward runs on
+    assert forward is not None and forward.name == "promptlookup-forward"
+    sched.stop()
+    assert not forward.is_alive()
+    with pytest.raises(BackendError, match="the engine is closed"):
+        SlotDecoder(sched, 0).verify([106])
     with pytest.raises(ValueError, match="prefill_chunk must be at least 1"):
         Scheduler(model, prefill_chunk=0)
 

@@ -422,6 +422,8 @@ class Engine:
             return self.history.save(target)
 
     def close(self) -> None:
+        if getattr(self, "scheduler", None) is not None:
+            self.scheduler.stop()
         self.backend.close()
 
     def __enter__(self) -> Engine:

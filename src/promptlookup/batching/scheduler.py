@@ -6,8 +6,10 @@ How a round forms: each request runs its own speculative loop on its own thread,
 text) and stops being busy when it waits for a round, when its request hands a chunk to its consumer
 (:meth:`Scheduler.park`), or when the request ends. The round starts as soon as no sequence is busy:
 every running sequence that has something to decode is in it, and nobody waits for a consumer that
-is slow to read. The thread whose part completes the round runs the forward (``decode_many``) and
-hands every part its result; a new request joins at the next round.
+is slow to read. One thread of the scheduler's own runs every forward (``decode_many``) and hands
+every part its result; a new request joins at the next round. (One thread, not whichever request
+completed the round: llama.cpp's OpenMP build gives each calling thread a team of worker threads of
+its own, and idle teams spin for a while after each forward, on cores the running team needs.)
 
 Prompts are split into chunks of at most ``prefill_chunk`` tokens, one chunk per round, so a long
 prompt costs the running sequences one chunk's time per round instead of the whole prompt's.
@@ -74,7 +76,11 @@ class Scheduler:
         self.pricing = DraftPricing(BatchCost(cost)) if cost is not None else None
         self.clock = clock
         self.stats = RoundStats()
-        self._cv = threading.Condition()
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)  # requests wait here for their part's result
+        self._ready = threading.Condition(self._lock)  # the forward thread waits here for a round
+        self._thread: threading.Thread | None = None
+        self._stopped = False
         self._running: set[int] = set()  # sequences with a request in progress
         self._busy: set[int] = set()  # ... whose thread is computing (a round waits for these)
         self._pending: dict[int, _Ticket] = {}
@@ -101,13 +107,13 @@ class Scheduler:
             self._running.discard(seq)
             self._busy.discard(seq)
             self._pending.pop(seq, None)
-            self._cv.notify_all()
+            self._wake()
 
     def park(self, seq: int) -> None:
         """``seq``'s thread leaves the engine for a while (a chunk handed to its consumer)."""
         with self._cv:
             self._busy.discard(seq)
-            self._cv.notify_all()
+            self._wake()
 
     def unpark(self, seq: int) -> None:
         with self._cv:
@@ -127,17 +133,48 @@ class Scheduler:
                 raise BackendError(f"sequence {part.seq} has no request running (open it first)")
             if part.seq in self._pending:
                 raise BackendError(f"sequence {part.seq} already waits for a round")
+            if self._stopped:
+                raise BackendError("the engine is closed")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="promptlookup-forward", daemon=True)
+                self._thread.start()
             self._pending[part.seq] = ticket
             self._busy.discard(part.seq)
+            self._wake()
             while not ticket.done:
-                if not self._leading and not self._busy and self._pending:
-                    self._lead()
-                else:
-                    self._cv.wait()
+                self._cv.wait()
         if ticket.error is not None:
             raise ticket.error
         assert ticket.result is not None
         return ticket.result
+
+    def _wake(self) -> None:
+        """Start a round if one is due: no running request computing, some part waiting (lock held)."""
+        if not self._busy and self._pending and not self._leading:
+            self._ready.notify()
+
+    def _loop(self) -> None:
+        """The forward thread: one round whenever one is due, until :meth:`stop`."""
+        with self._lock:
+            while True:
+                while not self._stopped and (self._leading or self._busy or not self._pending):
+                    self._ready.wait()
+                if self._stopped:
+                    for t in self._pending.values():
+                        t.error, t.done = BackendError("the engine is closed"), True
+                    self._pending.clear()
+                    self._cv.notify_all()
+                    return
+                self._lead()
+
+    def stop(self) -> None:
+        """End the forward thread (requests still waiting get a BackendError); idempotent."""
+        with self._lock:
+            self._stopped = True
+            self._ready.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(60)
 
     def _lead(self) -> None:
         """Run one round over every pending part (called with the lock held; releases it meanwhile)."""
