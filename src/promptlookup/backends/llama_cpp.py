@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from promptlookup.backends.base import BackendError, SeqDecode, check_keep, one_turn
+from promptlookup.backends.compute_thread import on_compute_thread
 from promptlookup.sampling import Sampler
 
 DEFAULT_N_CTX = 4096
@@ -378,7 +379,7 @@ class LlamaCppBackend:
                         slots[i][0] = slot_seq[i] = seq
                 n += c
             self._batch.n_tokens = n
-            rc = lib.llama_decode(self._ctx, self._batch)
+            rc = on_compute_thread(lib.llama_decode, self._ctx, self._batch)
             if rc != 0:
                 for part, start in zip(parts, starts, strict=True):
                     lib.llama_memory_seq_rm(self._mem, part.seq, start, -1)
