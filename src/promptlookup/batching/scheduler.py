@@ -7,9 +7,10 @@ text) and stops being busy when it waits for a round, when its request hands a c
 (:meth:`Scheduler.park`), or when the request ends. The round starts as soon as no sequence is busy:
 every running sequence that has something to decode is in it, and nobody waits for a consumer that
 is slow to read. One thread of the scheduler's own runs every forward (``decode_many``) and hands
-every part its result; a new request joins at the next round. (One thread, not whichever request
-completed the round: llama.cpp's OpenMP build gives each calling thread a team of worker threads of
-its own, and idle teams spin for a while after each forward, on cores the running team needs.)
+every part its result; a new request joins at the next round. (A thread of its own rather than
+whichever request completed the round: no request's thread is held up by a forward it merely
+completed, and the forwards come from one place, as llama.cpp's OpenMP build prefers:
+:mod:`promptlookup.backends.compute_thread`.)
 
 Prompts are split into chunks of at most ``prefill_chunk`` tokens, one chunk per round, so a long
 prompt costs the running sequences one chunk's time per round instead of the whole prompt's.
