@@ -102,6 +102,32 @@ def test_seeded_sampling_is_exact_under_batching():
     assert got == [alone(p, "ngram", **dict(f)) for p, f in jobs]
 
 
+def test_stop_strings_logprobs_and_streams_keep_working_per_request():
+    engine, model = batch_engine(3, "suffix", gather=3)
+    single = Engine.from_backend(ByteModel(), speculate="suffix", cost_curve=CURVE)
+    fields = [{"max_tokens": 40, "stop": ["ee"]}, {"max_tokens": 30, "logprobs": 2},
+              {"max_tokens": 35, "temperature": 0.7, "seed": 3, "logprobs": 1}]
+    results: list = [None] * 3
+    start = threading.Barrier(3)
+
+    def work(i: int) -> None:
+        start.wait()
+        chunks = list(engine.generate(PROMPTS[i], stream=True, **fields[i]))
+        results[i] = ("".join(c.text for c in chunks), chunks[-1].completion)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for i, (text, got) in enumerate(results):
+        want = single.generate(PROMPTS[i], **fields[i])
+        assert text == got.text == want.text
+        assert (got.tokens, got.stop, got.finish_reason) == (want.tokens, want.stop, want.finish_reason)
+        assert got.logprobs == want.logprobs
+    assert results[0][1].stop == "ee" and results[1][1].logprobs is not None
+
+
 def test_more_requests_than_slots_wait_for_a_free_one():
     engine, model = batch_engine(2, "ngram", gather=2)
     jobs = [(p, {"max_tokens": 25}) for p in PROMPTS]
