@@ -3,6 +3,7 @@ oversubscription line. Every input is injected: nothing here reads the real mach
 
 from __future__ import annotations
 
+from promptlookup.backends import doctor
 from promptlookup.backends.threads import (
     Load,
     apply_openmp_defaults,
@@ -83,3 +84,14 @@ def test_oversubscription_lines():
         "barriers (GOMP_SPINCOUNT=300000 (set in the environment)), which collapses decoding beside "
         "busy processes: unset it or set OMP_WAIT_POLICY=PASSIVE, or use -t 1")
 
+
+def test_the_doctor_prints_the_wait_policy_and_the_load():
+    assert doctor.load_report(2, Load(1.2, 2), 2, {}).splitlines() == [
+        "openmp wait: OMP_WAIT_POLICY=PASSIVE (promptlookup's default)",
+        oversubscription(Load(1.2, 2), 2, 2, {}),
+    ]
+    assert doctor.load_report(1, Load(0.0, 1), 4, {"OMP_WAIT_POLICY": "ACTIVE"}).splitlines() == [
+        "openmp wait: OMP_WAIT_POLICY=ACTIVE (set in the environment)",
+        "load: 1-minute average 0.00, 0 other tasks runnable now, 4 cores available: "
+        "not oversubscribed at -t 1",
+    ]
