@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -50,7 +51,10 @@ SETTINGS = {
     "t2": Setting("-t 2, libgomp default (spin 300k)", 2, {"GOMP_SPINCOUNT": "300000"}),
     "t2-passive": Setting("-t 2, OMP_WAIT_POLICY=PASSIVE", 2, {"OMP_WAIT_POLICY": "PASSIVE"}),
     "t2-spin10k": Setting("-t 2, GOMP_SPINCOUNT=10000", 2, {"GOMP_SPINCOUNT": "10000"}),
+    "t2-spin3k": Setting("-t 2, GOMP_SPINCOUNT=3000", 2, {"GOMP_SPINCOUNT": "3000"}),
     "t2-spin1k": Setting("-t 2, GOMP_SPINCOUNT=1000", 2, {"GOMP_SPINCOUNT": "1000"}),
+    "t2-spin300": Setting("-t 2, GOMP_SPINCOUNT=300", 2, {"GOMP_SPINCOUNT": "300"}),
+    "t2-spin100": Setting("-t 2, GOMP_SPINCOUNT=100", 2, {"GOMP_SPINCOUNT": "100"}),
     "t1-passive": Setting("-t 1, OMP_WAIT_POLICY=PASSIVE", 1, {"OMP_WAIT_POLICY": "PASSIVE"}),
     "unset": Setting("promptlookup's default (no -t, no OMP variables)", 0, {}),
 }
@@ -137,25 +141,39 @@ def loadavg() -> str:
         return "?"
 
 
-def row(load: int, setting: Setting, r: dict) -> str:
+def rate(r: dict, what: str) -> float | None:
+    """Tokens per second of one child's ``prefill`` or ``decode`` (None when it failed)."""
     if "error" in r:
-        return f"| {load} | {setting.name} | {r['error']} | | |"
-    pre = r["prompt_tokens"] / r["prefill_s"]
-    dec = r["decode_tokens"] / r["decode_s"] if r["decode_s"] else 0.0
-    short = r["decode_tokens"] != r.get("asked", r["decode_tokens"])
-    note = f" ({r['decode_tokens']} tokens)" if short else ""
-    return f"| {load} | {setting.name} | {pre:.0f} ({r['prefill_s']:.1f} s) | {dec:.1f}{note} |"
+        return None
+    if what == "prefill":
+        return r["prompt_tokens"] / r["prefill_s"]
+    return r["decode_tokens"] / r["decode_s"] if r["decode_s"] else 0.0
+
+
+def cell(values: list[float | None]) -> str:
+    """Median over rounds, with the range when there is more than one round."""
+    ok = sorted(v for v in values if v is not None)
+    failed = len(values) - len(ok)
+    if not ok:
+        return "failed"
+    text = f"{statistics.median(ok):.1f}"
+    if len(ok) > 1:
+        text += f" ({ok[0]:.1f}-{ok[-1]:.1f})"
+    return text + (f", {failed} failed" if failed else "")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--loads", default="0,1,2", help="numbers of busy processes (default 0,1,2)")
-    ap.add_argument("--settings", default="t1,t2,t2-passive,t2-spin10k,t1-passive",
+    ap.add_argument("--settings", default="t1,t2,t2-passive,t2-spin1k",
                     help=f"comma-separated, of {', '.join(SETTINGS)}")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds per load; the settings alternate within a round, so load that "
+                         "comes and goes hits them alike (default 3)")
     ap.add_argument("--prompt-tokens", type=int, default=500)
     ap.add_argument("--decode-tokens", type=int, default=64)
-    ap.add_argument("--decode-budget", type=float, default=20.0, help="seconds of decoding at most")
-    ap.add_argument("--timeout", type=float, default=90.0, help="seconds per child at most")
+    ap.add_argument("--decode-budget", type=float, default=10.0, help="seconds of decoding at most")
+    ap.add_argument("--timeout", type=float, default=60.0, help="seconds per child at most")
     ap.add_argument("--json", type=Path, help="write the raw figures here")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=0, help=argparse.SUPPRESS)
@@ -167,20 +185,31 @@ def main(argv: list[str] | None = None) -> int:
     settings = [SETTINGS[s] for s in args.settings.split(",")]
     before = loadavg()
     results = []
-    print(f"load average before: {before}; {len(os.sched_getaffinity(0))} cores available", flush=True)
-    print("| busy processes | setting | prefill tok/s (s) | decode tok/s |")
+    print(f"load average before: {before}; {len(os.sched_getaffinity(0))} cores available; "
+          f"median (min-max) over {args.rounds} rounds", flush=True)
+    print("| busy processes | setting | prefill tok/s | decode tok/s |")
     print("|---|---|---|---|", flush=True)
     for load in loads:
         busy = start_busy(load)
+        got: dict[str, list[dict]] = {s.name: [] for s in settings}
         try:
             time.sleep(1.0)  # let the scheduler see them
-            for s in settings:
-                r = run_setting(s, args)
-                r["asked"] = args.decode_tokens
-                results.append({"busy": load, "setting": s.name, **r})
-                print(row(load, s, r), flush=True)
+            for rnd in range(args.rounds):
+                order = settings if rnd % 2 == 0 else settings[::-1]
+                for s in order:
+                    at = loadavg()
+                    r = run_setting(s, args)
+                    results.append({"busy": load, "round": rnd, "setting": s.name, "loadavg": at, **r})
+                    got[s.name].append(r)
         finally:
             stop_busy(busy)
+        for s in settings:
+            rs = got[s.name]
+            short = [r["decode_tokens"] for r in rs
+                     if "error" not in r and r["decode_tokens"] < args.decode_tokens]
+            note = f" ({min(short)}-{max(short)} tokens in {args.decode_budget:.0f} s)" if short else ""
+            print(f"| {load} | {s.name} | {cell([rate(r, 'prefill') for r in rs])} | "
+                  f"{cell([rate(r, 'decode') for r in rs])}{note} |", flush=True)
     print(f"load average after: {loadavg()}")
     if args.json:
         args.json.write_text(json.dumps({"loadavg_before": before, "results": results}, indent=1))

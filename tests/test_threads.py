@@ -12,36 +12,45 @@ from promptlookup.backends.threads import (
     oversubscription,
     parse_loadavg,
     read_load,
+    spin_count,
     wait_policy,
 )
 
 
-def test_passive_waiting_is_the_default_and_a_users_choice_wins():
-    assert openmp_defaults({}) == {"OMP_WAIT_POLICY": "PASSIVE"}
+def test_a_short_spin_is_the_default_and_a_users_choice_wins():
+    assert openmp_defaults({}) == {"GOMP_SPINCOUNT": "1000"}
     assert openmp_defaults({"OMP_WAIT_POLICY": "ACTIVE"}) == {}
-    assert openmp_defaults({"GOMP_SPINCOUNT": "300000"}) == {}  # a spin count alone is a choice too
-    assert openmp_defaults({"OMP_NUM_THREADS": "4"}) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert openmp_defaults({"GOMP_SPINCOUNT": "300000"}) == {}
+    assert openmp_defaults({"OMP_NUM_THREADS": "4"}) == {"GOMP_SPINCOUNT": "1000"}
 
 
 def test_apply_sets_only_what_the_user_left_unset():
     env = {"PATH": "/bin"}
-    assert apply_openmp_defaults(env) == {"OMP_WAIT_POLICY": "PASSIVE"}
-    assert env == {"PATH": "/bin", "OMP_WAIT_POLICY": "PASSIVE"}
-    mine = {"OMP_WAIT_POLICY": "active"}
+    assert apply_openmp_defaults(env) == {"GOMP_SPINCOUNT": "1000"}
+    assert env == {"PATH": "/bin", "GOMP_SPINCOUNT": "1000"}
+    mine = {"OMP_WAIT_POLICY": "passive"}
     assert apply_openmp_defaults(mine) == {}
-    assert mine == {"OMP_WAIT_POLICY": "active"}
+    assert mine == {"OMP_WAIT_POLICY": "passive"}
 
 
-def test_wait_policy_reads_libgomps_precedence():
-    assert wait_policy({}) == ("OMP_WAIT_POLICY=PASSIVE (promptlookup's default)", True)
-    assert wait_policy({"OMP_WAIT_POLICY": "passive"}) == ("OMP_WAIT_POLICY=passive (set in the environment)",
-                                                           True)
-    assert wait_policy({"OMP_WAIT_POLICY": "ACTIVE"}) == ("OMP_WAIT_POLICY=ACTIVE (set in the environment)",
-                                                          False)
-    # GOMP_SPINCOUNT decides the spinning whatever the policy says
+def test_spin_count_reads_the_environment_as_libgomp_does():
+    assert spin_count({}) == 300_000
+    assert spin_count({"OMP_WAIT_POLICY": "passive"}) == 0
+    assert spin_count({"OMP_WAIT_POLICY": "ACTIVE"}) == 30_000_000_000
+    assert spin_count({"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "10000"}) == 10_000  # it wins
+    assert spin_count({"GOMP_SPINCOUNT": "2k"}) == 2000
+    assert spin_count({"GOMP_SPINCOUNT": " 3M "}) == 3_000_000
+    assert spin_count({"GOMP_SPINCOUNT": "infinite"}) == 30_000_000_000
+    assert spin_count({"GOMP_SPINCOUNT": "lots"}) == 300_000  # ignored, as libgomp ignores it
+    assert spin_count({"GOMP_SPINCOUNT": "lots", "OMP_WAIT_POLICY": "passive"}) == 0
+
+
+def test_wait_policy_describes_whose_setting_it_is():
+    assert wait_policy({}) == ("GOMP_SPINCOUNT=1000 (promptlookup's default)", 1000)
+    assert wait_policy({"OMP_WAIT_POLICY": "passive"}) == (
+        "OMP_WAIT_POLICY=passive (set in the environment)", 0)
     assert wait_policy({"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "10000"}) == (
-        "OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=10000 (set in the environment)", False)
-    assert wait_policy({"GOMP_SPINCOUNT": "0"}) == ("GOMP_SPINCOUNT=0 (set in the environment)", True)
+        "OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=10000 (set in the environment)", 10_000)
 
 
 def test_parse_loadavg():
@@ -75,19 +84,25 @@ def test_oversubscription_lines():
     assert oversubscription(Load(1.2, 2), 2, 1, {}).endswith("not oversubscribed at -t 1")
     assert oversubscription(Load(1.2, 2), 2, 2, {}) == (
         "load: 1-minute average 1.20, 1 other task runnable now, 2 cores available: OVERSUBSCRIBED "
-        "(about 1.0 cores busy elsewhere + 2 llama.cpp threads); llama.cpp's threads wait passively, "
-        "so speed falls about in proportion to the load; -t 2 takes the largest share of the cores "
-        "(docs/setup.md, a shared machine)")
-    assert oversubscription(Load(2.0, 3), 1, 1, {"GOMP_SPINCOUNT": "300000"}) == (
+        "(about 1.0 cores busy elsewhere + 2 llama.cpp threads); llama.cpp's threads spin at most 1000 "
+        "times at a barrier (GOMP_SPINCOUNT=1000 (promptlookup's default)), so speed falls with the "
+        "load rather than collapsing; fewer threads than cores decode faster beside busy processes, "
+        "all of them prefill faster (docs/setup.md, a shared machine)")
+    assert oversubscription(Load(3.0, 4), 2, 1, {"OMP_WAIT_POLICY": "PASSIVE"}) == (
+        "load: 1-minute average 3.00, 3 other tasks runnable now, 2 cores available: OVERSUBSCRIBED "
+        "(about 3.0 cores busy elsewhere + 1 llama.cpp thread); llama.cpp's threads sleep at once at a "
+        "barrier (OMP_WAIT_POLICY=PASSIVE (set in the environment)), so speed falls with the load "
+        "rather than collapsing")
+    assert oversubscription(Load(2.0, 3), 1, 1, {"OMP_WAIT_POLICY": "ACTIVE"}) == (
         "load: 1-minute average 2.00, 2 other tasks runnable now, 1 core available: OVERSUBSCRIBED "
-        "(about 2.0 cores busy elsewhere + 1 llama.cpp thread); llama.cpp's threads spin at their "
-        "barriers (GOMP_SPINCOUNT=300000 (set in the environment)), which collapses decoding beside "
-        "busy processes: unset it or set OMP_WAIT_POLICY=PASSIVE, or use -t 1")
+        "(about 2.0 cores busy elsewhere + 1 llama.cpp thread); llama.cpp's threads spin 30000000000 "
+        "times at each barrier (OMP_WAIT_POLICY=ACTIVE (set in the environment)), which collapses "
+        "decoding beside busy processes: unset it, or set GOMP_SPINCOUNT=1000, or use -t 1")
 
 
 def test_the_doctor_prints_the_wait_policy_and_the_load():
     assert doctor.load_report(2, Load(1.2, 2), 2, {}).splitlines() == [
-        "openmp wait: OMP_WAIT_POLICY=PASSIVE (promptlookup's default)",
+        "openmp wait: GOMP_SPINCOUNT=1000 (promptlookup's default)",
         oversubscription(Load(1.2, 2), 2, 2, {}),
     ]
     assert doctor.load_report(1, Load(0.0, 1), 4, {"OMP_WAIT_POLICY": "ACTIVE"}).splitlines() == [

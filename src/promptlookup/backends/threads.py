@@ -1,14 +1,17 @@
-"""CPU threads on a shared machine: llama.cpp's OpenMP wait policy, and whether the cores are taken.
+"""CPU threads on a shared machine: llama.cpp's OpenMP spin count, and whether the cores are taken.
 
 Why: our llama.cpp build runs its worker threads as an OpenMP team (``OPENMP = 1`` in its system
 info, ``libgomp`` linked by every ``libggml*``), so ggml's own thread-pool ``poll`` setting does not
 apply: its barrier is ``#pragma omp barrier``, and how a thread waits there is libgomp's wait policy.
-By default libgomp spins up to 300,000 times before it sleeps. On an idle machine that costs nothing;
-beside another busy process the thread that arrives first spins through its time slice while the
-one it waits for is descheduled, at every one of the hundreds of barriers of a forward pass, and a
-2-thread decode fell from tens of tokens per second to about one (``benchmarks/contention.py``, table
-in docs/setup.md). With ``OMP_WAIT_POLICY=PASSIVE`` a waiting thread sleeps at once and gives its
-core back, so the speed degrades in proportion to the load instead of collapsing.
+By default libgomp spins 300,000 times (a few milliseconds) before it sleeps. On an idle machine that
+is the fastest; beside a busy process the thread that arrives first spins through its time slice
+while the one it waits for is descheduled, at each of the hundreds of barriers of a forward pass:
+on 2 cores beside one busy process a 2-thread decode fell from 59 to 3 tokens per second
+(``benchmarks/contention.py``, table in docs/setup.md). Sleeping at once
+(``OMP_WAIT_POLICY=PASSIVE``) cures that but costs every barrier a futex wake-up: 23 tokens per
+second on the idle machine. A short spin, ``GOMP_SPINCOUNT=1000`` (libgomp's own figure for a team
+larger than the cores), kept 52 idle and 23 beside one busy process (20 beside two): the best
+worst case of the counts measured (0, 100, 300, 1000, 3000, 10000, 300000), so it is the default.
 
 libgomp reads its environment once, when it is loaded (with the first ``import llama_cpp``), so
 :func:`apply_openmp_defaults` must run before that; a user's own ``OMP_WAIT_POLICY`` or
@@ -26,13 +29,19 @@ from pathlib import Path
 #: libgomp's wait-policy variables: a user who sets either has chosen, and we set neither
 OMP_WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 #: what we set when the user has not chosen (see the module docstring and docs/setup.md)
-OMP_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
+OMP_DEFAULTS = {"GOMP_SPINCOUNT": "1000"}
+#: libgomp's spin count when neither variable is set, and for ``OMP_WAIT_POLICY=ACTIVE`` (its
+#: "infinite", 3e10)
+LIBGOMP_SPIN = 300_000
+ACTIVE_SPIN = 30_000_000_000
+#: the longest spin count measured not to collapse beside a busy process (10,000 fell to ~5 tok/s)
+SHORT_SPIN = 3000
 
 
 def openmp_defaults(environ: Mapping[str, str]) -> dict[str, str]:
     """The libgomp variables to set: :data:`OMP_DEFAULTS`, or nothing when the user set either
-    wait-policy variable (``GOMP_SPINCOUNT`` alone also decides how long a thread spins, so setting
-    ``OMP_WAIT_POLICY`` beside it would change what the user asked for)."""
+    wait-policy variable (``OMP_WAIT_POLICY`` alone decides the spin count, which a
+    ``GOMP_SPINCOUNT`` beside it would override)."""
     if any(k in environ for k in OMP_WAIT_VARS):
         return {}
     return dict(OMP_DEFAULTS)
@@ -92,20 +101,32 @@ def busy_elsewhere(load: Load) -> float:
     return max(0.0, min(load.load1, float(load.runnable - 1)))
 
 
-def wait_policy(environ: Mapping[str, str]) -> tuple[str, bool]:
+def spin_count(environ: Mapping[str, str]) -> int:
+    """The spin count libgomp will use under ``environ`` as it reads it: ``GOMP_SPINCOUNT`` (a
+    number with an optional k/M/G/T suffix, or ``infinite``), else 0 for ``OMP_WAIT_POLICY=PASSIVE``,
+    :data:`ACTIVE_SPIN` for ``ACTIVE``, :data:`LIBGOMP_SPIN` when unset or unreadable."""
+    raw = environ.get("GOMP_SPINCOUNT")
+    if raw is not None:
+        text = raw.strip().lower()
+        if text in ("infinite", "infinity"):
+            return ACTIVE_SPIN
+        scale = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}.get(text[-1:], 1)
+        try:
+            return int(text[:-1] if scale > 1 else text) * scale
+        except ValueError:
+            pass  # libgomp ignores a value it cannot read
+    policy = environ.get("OMP_WAIT_POLICY", "").strip().upper()
+    return {"PASSIVE": 0, "ACTIVE": ACTIVE_SPIN}.get(policy, LIBGOMP_SPIN)
+
+
+def wait_policy(environ: Mapping[str, str]) -> tuple[str, int]:
     """How llama.cpp's threads will wait at their barriers under ``environ``: a description of the
-    libgomp settings (the user's, or ours), and whether a waiting thread gives its core back at once
-    (passive) rather than spinning."""
+    libgomp settings (the user's, or ours) and the spin count they come to."""
     chosen = openmp_defaults(environ)
     env = {**{k: environ[k] for k in OMP_WAIT_VARS if k in environ}, **chosen}
-    text = " ".join(f"{k}={env[k]}" for k in OMP_WAIT_VARS if k in env)
+    text = " ".join(f"{k}={env[k]}" for k in OMP_WAIT_VARS if k in env) or "libgomp's default"
     text += " (promptlookup's default)" if chosen else " (set in the environment)"
-    spin = env.get("GOMP_SPINCOUNT")
-    if spin is not None:
-        passive = spin.strip() == "0"
-    else:
-        passive = env.get("OMP_WAIT_POLICY", "").strip().upper() == "PASSIVE"
-    return text, passive
+    return text, spin_count(env)
 
 
 def oversubscription(load: Load | None, cores: int, threads: int, environ: Mapping[str, str]) -> str:
@@ -120,12 +141,16 @@ def oversubscription(load: Load | None, cores: int, threads: int, environ: Mappi
             f"runnable now, {cores} core{'s' if cores != 1 else ''} available")
     if busy + threads <= cores + 0.5:
         return f"{head}: not oversubscribed at -t {threads}"
-    policy, passive = wait_policy(environ)
-    if passive:
-        tail = ("llama.cpp's threads wait passively, so speed falls about in proportion to the load; "
-                f"-t {cores} takes the largest share of the cores (docs/setup.md, a shared machine)")
+    policy, spin = wait_policy(environ)
+    if spin <= SHORT_SPIN:
+        how = "sleep at once" if spin == 0 else f"spin at most {spin} times"
+        tail = (f"llama.cpp's threads {how} at a barrier ({policy}), so speed falls with the load "
+                "rather than collapsing")
+        if threads > 1:
+            tail += ("; fewer threads than cores decode faster beside busy processes, all of them "
+                     "prefill faster (docs/setup.md, a shared machine)")
     else:
-        tail = (f"llama.cpp's threads spin at their barriers ({policy}), which collapses decoding beside "
-                "busy processes: unset it or set OMP_WAIT_POLICY=PASSIVE, or use -t 1")
+        tail = (f"llama.cpp's threads spin {spin} times at each barrier ({policy}), which collapses "
+                "decoding beside busy processes: unset it, or set GOMP_SPINCOUNT=1000, or use -t 1")
     return (f"{head}: OVERSUBSCRIBED (about {busy:.1f} cores busy elsewhere + {threads} llama.cpp "
             f"thread{'s' if threads != 1 else ''}); {tail}")
