@@ -85,14 +85,13 @@ def test_oversubscription_lines():
     assert oversubscription(Load(1.2, 2), 2, 2, {}) == (
         "load: 1-minute average 1.20, 1 other task runnable now, 2 cores available: OVERSUBSCRIBED "
         "(about 1.0 cores busy elsewhere + 2 llama.cpp threads); llama.cpp's threads spin at most 1000 "
-        "times at a barrier (GOMP_SPINCOUNT=1000 (promptlookup's default)), so speed falls with the "
-        "load rather than collapsing; fewer threads than cores decode faster beside busy processes, "
+        "times at a barrier, so speed falls with the load rather than collapsing; fewer threads than "
+        "cores decode faster beside busy processes, "
         "all of them prefill faster (docs/setup.md, a shared machine)")
     assert oversubscription(Load(3.0, 4), 2, 1, {"OMP_WAIT_POLICY": "PASSIVE"}) == (
         "load: 1-minute average 3.00, 3 other tasks runnable now, 2 cores available: OVERSUBSCRIBED "
         "(about 3.0 cores busy elsewhere + 1 llama.cpp thread); llama.cpp's threads sleep at once at a "
-        "barrier (OMP_WAIT_POLICY=PASSIVE (set in the environment)), so speed falls with the load "
-        "rather than collapsing")
+        "barrier, so speed falls with the load rather than collapsing")
     assert oversubscription(Load(2.0, 3), 1, 1, {"OMP_WAIT_POLICY": "ACTIVE"}) == (
         "load: 1-minute average 2.00, 2 other tasks runnable now, 1 core available: OVERSUBSCRIBED "
         "(about 2.0 cores busy elsewhere + 1 llama.cpp thread); llama.cpp's threads spin 30000000000 "

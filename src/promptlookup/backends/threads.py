@@ -144,8 +144,7 @@ def oversubscription(load: Load | None, cores: int, threads: int, environ: Mappi
     policy, spin = wait_policy(environ)
     if spin <= SHORT_SPIN:
         how = "sleep at once" if spin == 0 else f"spin at most {spin} times"
-        tail = (f"llama.cpp's threads {how} at a barrier ({policy}), so speed falls with the load "
-                "rather than collapsing")
+        tail = f"llama.cpp's threads {how} at a barrier, so speed falls with the load rather than collapsing"
         if threads > 1:
             tail += ("; fewer threads than cores decode faster beside busy processes, all of them "
                      "prefill faster (docs/setup.md, a shared machine)")
