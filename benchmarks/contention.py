@@ -11,12 +11,16 @@ process (so that the environment reaches libgomp before it loads) loads the mode
 :class:`~promptlookup.backends.llama_cpp.LlamaCppBackend`, prefills a ``--prompt-tokens`` prompt and
 decodes ``--decode-tokens`` greedy tokens one at a time (plain decoding, no speculation).
 
-    flock /tmp/promptlookup-bench.lock env PYTHONPATH=src .venv/bin/python benchmarks/contention.py
+    flock /tmp/promptlookup-bench.lock env PYTHONPATH=src .venv/bin/python benchmarks/contention.py --loads 0
 
-Prints a markdown table (prefill tok/s, decode tok/s, and the prefill seconds) per load and setting,
-then the load average before and after. ``--json FILE`` writes the raw figures. Each child is
-bounded by ``--timeout`` and its decode by ``--decode-budget`` seconds (a collapsed setting decodes
-fewer tokens; the table says how many).
+(one load per run keeps a run within a few minutes on 2 cores). Within a load the settings alternate
+over ``--rounds`` rounds (reversed every other round), so work that comes and goes on a shared machine
+hits them alike; the markdown table gives each cell's median and range over the rounds. ``--json FILE``
+writes the raw figures, with ``/proc/loadavg`` read before each child (its runnable count shows any
+work other than ours). Each child is bounded by ``--timeout`` and its decode by ``--decode-budget``
+seconds (a collapsed setting decodes fewer tokens; the table says how many). The settings are
+:data:`SETTINGS`: ``unset`` is promptlookup's own default, the others set libgomp's variables
+explicitly.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -181,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print(json.dumps(child(args.threads, args.prompt_tokens, args.decode_tokens, args.decode_budget)))
         return 0
+    # a SIGTERM (``timeout``, a killed job) unwinds through the ``finally`` that kills the busy loops
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     loads = [int(x) for x in args.loads.split(",")]
     settings = [SETTINGS[s] for s in args.settings.split(",")]
     before = loadavg()
