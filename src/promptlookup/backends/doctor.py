@@ -22,11 +22,13 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from promptlookup.backends.base import BackendError
+from promptlookup.backends.threads import Load, available_cores, oversubscription, read_load, wait_policy
 from promptlookup.fileio import cache_dir
 
 SMOKE_TIMEOUT_S = 600.0
@@ -239,6 +241,21 @@ def verdict(relative: list[float]) -> str:
     return f"{head}: {tail}"
 
 
+def load_report(threads: int | None, load: Load | None = None, cores: int | None = None,
+                environ: Mapping[str, str] | None = None) -> str:
+    """The ``openmp wait`` and ``load`` lines: how llama.cpp's threads will wait, and whether this
+    machine is oversubscribed now (a speed figure taken on a busy machine measures the machine).
+    Defaults read the machine; the tests inject all four."""
+    from promptlookup.backends.llama_cpp import default_threads
+
+    env = os.environ if environ is None else environ
+    policy, _ = wait_policy(env)
+    line = oversubscription(read_load() if load is None else load,
+                            available_cores() if cores is None else cores,
+                            threads or default_threads(), env)
+    return f"openmp wait: {policy}\n{line}"
+
+
 def run_doctor(model: str | os.PathLike[str] | None, threads: int | None, smoke_only: bool,
                out=print) -> int:
     """Print the report; 0 when healthy, 3 when the smoke test failed, 2 when it could not run."""
@@ -251,6 +268,7 @@ def run_doctor(model: str | os.PathLike[str] | None, threads: int | None, smoke_
         out(f"cpu: {name}; {os.cpu_count() or '?'} logical cores, "
             f"{len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else '?'} available")
         out(f"cpu ISA flags: {' '.join(shown) or '(none of interest)'}")
+        out(load_report(threads))
         lib = cpu_library()
         if lib is None:
             out("llama.cpp library: not installed")

@@ -63,11 +63,17 @@ def _switch_off_batch_dependent_runtime_paths(lib) -> None:
 
 
 def default_threads() -> int:
-    """Threads default to the cores this process may run on."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - non-Linux
-        return max(1, os.cpu_count() or 1)
+    """Threads default to the cores this process may run on, busy or not.
+
+    Why not fewer when other processes are busy: the load changes while a server runs (a count
+    chosen at start-up would be stale for hours), and with llama.cpp's short spin (the default set
+    in :mod:`promptlookup.backends.threads`) all the cores degrade with the load instead of
+    collapsing. Measured on 2 cores (docs/setup.md, a shared machine): idle, ``-t 2`` decoded 52
+    tokens/s against 36 at ``-t 1``; beside one busy process 23 against 36, beside two 20 against
+    26, while prefilling 1.0-1.3x as fast. ``doctor`` says when fewer would decode faster."""
+    from promptlookup.backends.threads import available_cores
+
+    return available_cores()
 
 
 class LlamaCppBackend:
@@ -92,6 +98,9 @@ class LlamaCppBackend:
         record_logits: bool = False,
         n_seq: int = 1,
     ) -> None:
+        from promptlookup.backends.threads import apply_openmp_defaults
+
+        apply_openmp_defaults()  # before libgomp loads with the library: it reads its environment once
         try:
             import llama_cpp  # deferred: importing it loads the shared library
         except (ImportError, OSError, RuntimeError) as exc:
