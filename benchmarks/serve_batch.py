@@ -6,8 +6,9 @@ clients (each client sends its share one after another), alternating two kinds: 
 short Python file with one small edit: the answer copies the prompt, where prompt lookup pays) and
 prose (a short story about a thing: nothing to copy). ``--max-tokens`` 128, temperature 0.
 
-Rows (``--rows``, in that order; each server is started as a subprocess on a free 127.0.0.1 port,
-warmed up by one tiny untimed request, used for every level, and stopped):
+Rows (``--rows``, in that order; for each level a fresh server is started as a subprocess on a free
+127.0.0.1 port, warmed up by one tiny untimed request, used, and stopped: no level drafts from, or
+reuses the cache of, another level's requests):
 
 - ``ours``         ``promptlookup serve`` as shipped (continuous batching, ``--parallel`` default, auto)
 - ``ours-off``     the same, ``--speculate off``
@@ -56,6 +57,9 @@ EDITS = ["rename width to w", "rename height to h", "add type hints", "rename ar
          "rename perimeter to rect_perimeter", "make the docstrings end without a period",
          "rename width to x", "rename height to y"]
 THINGS = ["lighthouse", "fox", "river", "clock", "garden", "train", "violin", "mountain"]
+# the untimed first request of every server: nothing the timed requests ask
+WARM_UP = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 4, "temperature": 0,
+           "stream": True}
 ROWS = ("ours", "ours-off", "ours-fifo", "ours-np16", "ls-np4", "ls-np16", "ls-np4-spec", "ls-np16-spec",
         "lcp")
 OUR_SRC = Path(__file__).resolve().parents[1] / "src"
@@ -170,19 +174,19 @@ def main(argv: list[str] | None = None) -> int:
     logdir = Path(tempfile.mkdtemp(prefix="serve_batch-"))
     for key in rows:
         spec = row_spec(key, args)
-        try:
-            with Server(spec, logdir / f"{key}.log", start_timeout=600) as server:
-                parse_stream(server.stream_chat({**request(1, 4), "model": server.model_id(),
-                                                 **spec.extra_body}, 120))  # warm-up, untimed
-                for clients in levels:
+        for clients in levels:  # a fresh server per level: no level drafts from another's answers
+            try:
+                with Server(spec, logdir / f"{key}-{clients}.log", start_timeout=600) as server:
+                    parse_stream(server.stream_chat({**WARM_UP, "model": server.model_id(),
+                                                     **spec.extra_body}, 120))  # untimed
                     r = run_level(server, spec, clients, args)
-                    print(f"| {spec.label} | {clients} | {r['tok_s']:.1f} | {r['ttft50']:.2f} | "
-                          f"{r['ttft95']:.2f} | {r['e2e50']:.2f} | {r['e2e95']:.2f} | {r['errors']} |",
-                          flush=True)
-                    if r["errors"]:
-                        print(f"<!-- {key} x{clients}: {r['first_error']} -->", flush=True)
-        except RuntimeError as exc:
-            print(f"| {spec.label} | - | failed to start: {exc} |||||| ", flush=True)
+            except RuntimeError as exc:
+                print(f"| {spec.label} | {clients} | failed to start: {exc} |||||| ", flush=True)
+                continue
+            print(f"| {spec.label} | {clients} | {r['tok_s']:.1f} | {r['ttft50']:.2f} | "
+                  f"{r['ttft95']:.2f} | {r['e2e50']:.2f} | {r['e2e95']:.2f} | {r['errors']} |", flush=True)
+            if r["errors"]:
+                print(f"<!-- {key} x{clients}: {r['first_error']} -->", flush=True)
     print(f"<!-- server logs: {logdir} -->")
     return 0
 
