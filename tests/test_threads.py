@@ -17,17 +17,16 @@ from promptlookup.backends.threads import (
 )
 
 
-def test_a_short_spin_is_the_default_and_a_users_choice_wins():
-    assert openmp_defaults({}) == {"GOMP_SPINCOUNT": "1000"}
+def test_libgomps_own_spin_is_the_default_and_a_users_choice_is_left_alone():
+    assert openmp_defaults({}) == {}
     assert openmp_defaults({"OMP_WAIT_POLICY": "ACTIVE"}) == {}
-    assert openmp_defaults({"GOMP_SPINCOUNT": "300000"}) == {}
-    assert openmp_defaults({"OMP_NUM_THREADS": "4"}) == {"GOMP_SPINCOUNT": "1000"}
+    assert openmp_defaults({"GOMP_SPINCOUNT": "1000"}) == {}
 
 
 def test_apply_sets_only_what_the_user_left_unset():
     env = {"PATH": "/bin"}
-    assert apply_openmp_defaults(env) == {"GOMP_SPINCOUNT": "1000"}
-    assert env == {"PATH": "/bin", "GOMP_SPINCOUNT": "1000"}
+    assert apply_openmp_defaults(env) == {}
+    assert env == {"PATH": "/bin"}
     mine = {"OMP_WAIT_POLICY": "passive"}
     assert apply_openmp_defaults(mine) == {}
     assert mine == {"OMP_WAIT_POLICY": "passive"}
@@ -46,7 +45,8 @@ def test_spin_count_reads_the_environment_as_libgomp_does():
 
 
 def test_wait_policy_describes_whose_setting_it_is():
-    assert wait_policy({}) == ("GOMP_SPINCOUNT=1000 (promptlookup's default)", 1000)
+    assert wait_policy({}) == ("libgomp's default (spin 300000)", 300_000)
+    assert wait_policy({"GOMP_SPINCOUNT": "1000"}) == ("GOMP_SPINCOUNT=1000 (set in the environment)", 1000)
     assert wait_policy({"OMP_WAIT_POLICY": "passive"}) == (
         "OMP_WAIT_POLICY=passive (set in the environment)", 0)
     assert wait_policy({"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "10000"}) == (
@@ -84,6 +84,11 @@ def test_oversubscription_lines():
     assert oversubscription(Load(1.2, 2), 2, 1, {}).endswith("not oversubscribed at -t 1")
     assert oversubscription(Load(1.2, 2), 2, 2, {}) == (
         "load: 1-minute average 1.20, 1 other task runnable now, 2 cores available: OVERSUBSCRIBED "
+        "(about 1.0 cores busy elsewhere + 2 llama.cpp threads); llama.cpp's threads spin 300000 times "
+        "at each barrier (libgomp's default (spin 300000)), which collapses decoding beside busy "
+        "processes: set GOMP_SPINCOUNT=1000 for this process, or use -t 1")
+    assert oversubscription(Load(1.2, 2), 2, 2, {"GOMP_SPINCOUNT": "1000"}) == (
+        "load: 1-minute average 1.20, 1 other task runnable now, 2 cores available: OVERSUBSCRIBED "
         "(about 1.0 cores busy elsewhere + 2 llama.cpp threads); llama.cpp's threads spin at most 1000 "
         "times at a barrier, so speed falls with the load rather than collapsing; fewer threads than "
         "cores decode faster beside busy processes, "
@@ -101,7 +106,7 @@ def test_oversubscription_lines():
 
 def test_the_doctor_prints_the_wait_policy_and_the_load():
     assert doctor.load_report(2, Load(1.2, 2), 2, {}).splitlines() == [
-        "openmp wait: GOMP_SPINCOUNT=1000 (promptlookup's default)",
+        "openmp wait: libgomp's default (spin 300000)",
         oversubscription(Load(1.2, 2), 2, 2, {}),
     ]
     assert doctor.load_report(1, Load(0.0, 1), 4, {"OMP_WAIT_POLICY": "ACTIVE"}).splitlines() == [

@@ -11,7 +11,11 @@ on 2 cores beside one busy process a 2-thread decode fell from 59 to 3 tokens pe
 (``OMP_WAIT_POLICY=PASSIVE``) cures that but costs every barrier a futex wake-up: 23 tokens per
 second on the idle machine. A short spin, ``GOMP_SPINCOUNT=1000`` (libgomp's own figure for a team
 larger than the cores), kept 52 idle and 23 beside one busy process (20 beside two): the best
-worst case of the counts measured (0, 100, 300, 1000, 3000, 10000, 300000), so it is the default.
+worst case of the counts measured (0, 100, 300, 1000, 3000, 10000, 300000). But on the same idle
+machine an hour later (its cores slower, each op longer) it cost 40% of decoding: 31 tok/s against 52
+for libgomp's default, alternated three times. So the default stays libgomp's (fastest where the
+cores are free, as on most machines a server owns), and ``promptlookup doctor`` says when the machine
+is oversubscribed and what to set (:func:`oversubscription`).
 
 libgomp reads its environment once, when it is loaded (with the first ``import llama_cpp``), so
 :func:`apply_openmp_defaults` must run before that; a user's own ``OMP_WAIT_POLICY`` or
@@ -28,8 +32,10 @@ from pathlib import Path
 
 #: libgomp's wait-policy variables: a user who sets either has chosen, and we set neither
 OMP_WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
-#: what we set when the user has not chosen (see the module docstring and docs/setup.md)
-OMP_DEFAULTS = {"GOMP_SPINCOUNT": "1000"}
+#: what we set when the user has not chosen: nothing (see the module docstring and docs/setup.md)
+OMP_DEFAULTS: dict[str, str] = {}
+#: what the doctor recommends on an oversubscribed machine
+SHORT_SPIN_SETTING = "GOMP_SPINCOUNT=1000"
 #: libgomp's spin count when neither variable is set, and for ``OMP_WAIT_POLICY=ACTIVE`` (its
 #: "infinite", 3e10)
 LIBGOMP_SPIN = 300_000
@@ -124,7 +130,9 @@ def wait_policy(environ: Mapping[str, str]) -> tuple[str, int]:
     libgomp settings (the user's, or ours) and the spin count they come to."""
     chosen = openmp_defaults(environ)
     env = {**{k: environ[k] for k in OMP_WAIT_VARS if k in environ}, **chosen}
-    text = " ".join(f"{k}={env[k]}" for k in OMP_WAIT_VARS if k in env) or "libgomp's default"
+    text = " ".join(f"{k}={env[k]}" for k in OMP_WAIT_VARS if k in env)
+    if not text:
+        return f"libgomp's default (spin {LIBGOMP_SPIN})", spin_count(env)
     text += " (promptlookup's default)" if chosen else " (set in the environment)"
     return text, spin_count(env)
 
@@ -149,7 +157,9 @@ def oversubscription(load: Load | None, cores: int, threads: int, environ: Mappi
             tail += ("; fewer threads than cores decode faster beside busy processes, all of them "
                      "prefill faster (docs/setup.md, a shared machine)")
     else:
+        fix = (f"set {SHORT_SPIN_SETTING} for this process" if policy.startswith("libgomp")
+               else f"unset it, or set {SHORT_SPIN_SETTING}")
         tail = (f"llama.cpp's threads spin {spin} times at each barrier ({policy}), which collapses "
-                "decoding beside busy processes: unset it, or set GOMP_SPINCOUNT=1000, or use -t 1")
+                f"decoding beside busy processes: {fix}, or use -t 1")
     return (f"{head}: OVERSUBSCRIBED (about {busy:.1f} cores busy elsewhere + {threads} llama.cpp "
             f"thread{'s' if threads != 1 else ''}); {tail}")
