@@ -41,6 +41,7 @@ from promptlookup.serve.history import HistorySaver
 from promptlookup.serve.metrics import CONTENT_TYPE, Metrics
 from promptlookup.serve.queue import Event, Job, Worker, error_event
 from promptlookup.serve.render import Render, public_label
+from promptlookup.tools import format_for
 
 log = logging.getLogger("promptlookup.serve")
 
@@ -261,7 +262,13 @@ def _messages(body: s.ChatCompletionRequest) -> list[dict[str, Any]]:
         content: Any = m.content
         if isinstance(content, list):
             content = [{"type": "text", "text": p.text} for p in content]
-        out.append({"role": m.role, "content": content})
+        msg: dict[str, Any] = {"role": m.role, "content": content}
+        if isinstance(m, s.AssistantMessage) and m.tool_calls:
+            msg["tool_calls"] = [c.model_dump(exclude_none=True) for c in m.tool_calls]
+        if isinstance(m, s.ToolMessage):
+            ids = (("tool_call_id", m.tool_call_id), ("name", m.name))
+            msg.update({k: v for k, v in ids if v is not None})
+        out.append(msg)
     return out
 
 
@@ -339,6 +346,8 @@ async def chat_completions(body: s.ChatCompletionRequest, request: Request) -> R
     server = _server(request)
     body.refuse_unsupported()
     job = server.job("chat", check_messages(_messages(body)), body)  # every 400 before the queue
+    if job.options.tool_choice.mode != "none":
+        format_for(server.engine.backend)  # a template without tool support: 400 naming tools
     return await server.respond(request, job, Render(server.model, "chat", body, job.options.logprobs))
 
 
