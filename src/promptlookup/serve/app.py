@@ -248,8 +248,8 @@ def _param(loc: Sequence[Any]) -> str | None:
     for i, x in enumerate(loc):
         if x == "body" or (isinstance(x, str) and (x in _UNION_TAGS or any(ch in x for ch in "[]-"))):
             continue
-        if i and isinstance(loc[i - 1], int) and x in ROLES + ("tool", "function"):
-            continue
+        if i > 1 and loc[i - 2] == "messages" and isinstance(loc[i - 1], int) and x in ROLES + ("function",):
+            continue  # a message's role tag (not tools.0.function)
         if i and loc[i - 1] == "response_format" and x in ("text", "json_object", "json_schema"):
             continue  # the discriminator's tag, as a role after a message's index
         parts.append(str(x))
