@@ -204,7 +204,7 @@ class ByteModel(LogitsFakeModel):
     def fingerprint(self) -> str:
         return "bytes-test"
 
-    def render_chat(self, messages) -> str:
+    def render_chat(self, messages, tools=None) -> str:  # no tool support: tools are never passed
         return "".join(f"<|{m['role']}|>{m['content']}<|end|>" for m in messages) + "<|assistant|>"
 
     def close(self) -> None:
