@@ -286,3 +286,71 @@ class ToolByteModel(ByteModel):
         out += "<|assistant|>"
         self.rendered.append(out)
         return out
+
+
+class BatchByteModel(ByteModel):
+    """:class:`ByteModel` holding ``n_seq`` sequences that ``decode_many`` decodes together (a
+    :class:`~promptlookup.backends.base.BatchDecoder`).
+
+    Each sequence's rows are a pure function of its own prefix, so a sequence's tokens in any batch
+    equal its tokens alone, by construction. It records every forward (``rounds``: per call, the
+    ``(seq, tokens, want)`` of each part), fails loudly if two threads call it at once, and can be
+    told to refuse every part of one sequence (``refuse_seq``) or to run ``on_round`` before each
+    forward (tests start requests from there, at a chosen round).
+    """
+
+    def __init__(self, n_seq: int = 4, n_batch: int = 512, **kwargs) -> None:
+        import threading
+
+        super().__init__(**kwargs)
+        self.n_seq = n_seq
+        self.n_batch = n_batch
+        self.caches: list[list[int]] = [[] for _ in range(n_seq)]
+        self.rounds: list[list[tuple[int, int, str]]] = []
+        self.refuse_seq: int | None = None
+        self.on_round = None
+        self._inside = threading.Lock()
+
+    def seq_tokens(self, seq: int) -> list[int]:
+        return self.caches[seq]
+
+    def seq_rollback(self, seq: int, n_keep: int) -> None:
+        assert 0 <= n_keep <= len(self.caches[seq])
+        del self.caches[seq][n_keep:]
+
+    def decode_many(self, parts) -> list[list[int]]:
+        from promptlookup.backends.base import BackendError
+
+        seqs = [p.seq for p in parts]
+        if len(set(seqs)) != len(seqs):
+            raise BackendError("two parts for one sequence")
+        for p in parts:
+            if not 0 <= p.seq < self.n_seq or not p.ids or p.want not in ("all", "last", "none"):
+                raise BackendError(f"bad part {p!r}")
+            if len(self.caches[p.seq]) + len(p.ids) > self.n_ctx:
+                raise BackendError(f"context full on sequence {p.seq}")
+            if p.seq == self.refuse_seq:
+                raise BackendError(f"sequence {p.seq} refused")
+        if not self._inside.acquire(blocking=False):
+            raise AssertionError("decode_many called from two threads at once")
+        try:
+            if self.on_round is not None:
+                self.on_round(len(self.rounds))
+            self.rounds.append([(p.seq, len(p.ids), p.want) for p in parts])
+            out = []
+            for p in parts:
+                cache = self.caches[p.seq]
+                start = len(cache)
+                cache.extend(int(t) for t in p.ids)
+                if p.want == "none":
+                    out.append([])
+                    continue
+                first = start + 1 if p.want == "all" else len(cache)
+                rows = self._np.stack([self.logits(cache[:q]) for q in range(first, len(cache) + 1)])
+                if p.sampler is None or p.sampler.argmax_only:
+                    out.append([int(t) for t in rows.argmax(axis=1)])
+                else:
+                    out.append(p.sampler.sample_rows(rows, cache, first))
+            return out
+        finally:
+            self._inside.release()

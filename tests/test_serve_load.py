@@ -10,6 +10,7 @@ printed by the first test (``pytest -s``).
 
 from __future__ import annotations
 
+import json
 import statistics
 import threading
 import time
@@ -97,7 +98,8 @@ def test_queue_limit_and_dropped_client():
     client that drops its stream frees the model at the next step."""
     long_body = {"messages": [{"role": "user", "content": "Count from 1 to 500, one number per line."}],
                  "max_tokens": 600, "temperature": 0, "speculate": "off", "stream": True}
-    with ServerProcess("--max-queue", "1") as server, httpx.Client(base_url=server.url, timeout=60) as c:
+    with (ServerProcess("--max-queue", "1", "--parallel", "1") as server,
+          httpx.Client(base_url=server.url, timeout=60) as c):
         # a long stream, read a little
         streaming = httpx.Client(base_url=server.url, timeout=60)
         resp = streaming.send(streaming.build_request("POST", CHAT, json=long_body), stream=True)
@@ -135,3 +137,48 @@ def test_queue_limit_and_dropped_client():
         assert freed < 5.0
         print(f"\ndropped stream: model free again {freed * 1000:.0f} ms after the client closed "
               f"({generated:.0f} tokens generated in all)")
+
+
+def test_parallel_slots_run_together_and_a_dropped_client_frees_its_slot():
+    """--parallel 2: two streams generate at once (continuous batching), a third request waits for a
+    slot; when one client drops its stream, the waiting request gets that slot and finishes while the
+    other stream keeps generating to its end."""
+    long_body = {"messages": [{"role": "user", "content": "Count from 1 to 500, one number per line."}],
+                 "max_tokens": 300, "temperature": 0, "speculate": "off", "stream": True,
+                 "stream_options": {"include_usage": True}}
+    with (ServerProcess("--parallel", "2") as server, httpx.Client(base_url=server.url, timeout=120) as c,
+          httpx.Client(base_url=server.url, timeout=120) as s1,
+          httpx.Client(base_url=server.url, timeout=120) as s2):
+        assert c.get("/health").json()["parallel"] == 2
+        streams = []
+        for s in (s1, s2):
+            resp = s.send(s.build_request("POST", CHAT, json=long_body), stream=True)
+            lines = resp.iter_lines()
+            assert next(lines).startswith("data: ")
+            streams.append((resp, lines))
+        assert wait_until(lambda: c.get("/health").json()["running"] == 2, 30)
+
+        third: dict = {}
+
+        def post_third() -> None:
+            with httpx.Client(base_url=server.url, timeout=120) as h:
+                r = h.post(CHAT, json={**long_body, "stream": False, "max_tokens": 2})
+                third["status"], third["body"] = r.status_code, r.json()
+
+        waiting = threading.Thread(target=post_third, daemon=True)
+        waiting.start()
+        assert wait_until(lambda: c.get("/health").json()["waiting"] == 1 or "status" in third, 30)
+
+        streams[0][0].close()  # the first client goes away: its slot is freed at its next step
+        waiting.join(60)
+        assert third.get("status") == 200, third
+        assert third["body"]["usage"]["completion_tokens"] == 2
+
+        resp, lines = streams[1]  # the other stream was never disturbed: it runs to its end
+        events = [ln for ln in lines if ln.startswith("data: ")]
+        assert events[-1] == "data: [DONE]"
+        last = json.loads(events[-2].removeprefix("data: "))
+        assert last["usage"]["completion_tokens"] in range(1, 301)
+        resp.close()
+        assert wait_until(lambda: c.get("/health").json()["running"] == 0, 30)
+        assert "promptlookup:requests_cancelled_total 1.0" in c.get("/metrics").text

@@ -12,7 +12,10 @@ hand. :class:`Engine` does it once::
     for piece in engine.chat([{"role": "user", "content": "Hi!"}], stream=True):
         print(piece.text, end="", flush=True)
 
-An engine serves one request at a time (one model context); concurrent callers wait on its lock.
+An engine runs ``parallel`` requests at once (default 1); callers beyond that wait for a free slot.
+With ``parallel > 1`` on a backend that batches (llama.cpp), concurrent calls (from several threads)
+are decoded together, one forward per step for all of them (:mod:`promptlookup.batching`), each
+request still speculating with its own sources and getting its own output.
 Every request's text joins the engine's suffix history, so later requests draft from earlier ones;
 a request whose prompt starts like the previous one's (a conversation re-sent with a new turn) decodes
 only what is new. Output is the model's own: speculation never changes a token at temperature 0, and
@@ -30,8 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from promptlookup.backends.base import Model, common_prefix
+from promptlookup.backends.base import BatchDecoder, Model
 from promptlookup.backends.costs import cached_cost_curve
+from promptlookup.batching.pool import GuardedSource, Slot, SlotPool
+from promptlookup.batching.scheduler import DEFAULT_PREFILL_CHUNK, Scheduler, SlotDecoder
+from promptlookup.costcurve import CostCurve
 from promptlookup.drafting.base import DraftSource, report_of
 from promptlookup.drafting.spec import OFF, Run, SourceSpec, SpecError, save_state, source_factory
 from promptlookup.errors import RequestError, UsageError, check_prompt_fits
@@ -45,6 +51,7 @@ from promptlookup.tools import ToolCall, ToolFormat, format_for, supports_tools,
 
 # What speculation does when nobody says: the best setting we measured (docs/results.md).
 DEFAULT_SPECULATE = "auto"
+MAX_PARALLEL = 64  # requests one engine runs at once
 ROLES = ("system", "developer", "user", "assistant", "tool")  # "developer": OpenAI's newer name for system
 __all__ = ["DEFAULT_SPECULATE", "MAX_STOPS", "MAX_STOP_CHARS", "ROLES", "Chunk", "Completion", "Engine",
            "Options", "RequestError", "RequestOptions", "check_messages", "load_backend"]
@@ -97,15 +104,20 @@ Options = RequestOptions
 
 
 def load_backend(model: str | Path | None = None, backend: str = "llama.cpp", n_ctx: int = 4096,
-                 threads: int | None = None) -> Model:
+                 threads: int | None = None, n_seq: int = 1) -> Model:
     """A loaded backend: ``llama.cpp`` (a GGUF; the build is checked once per install) or
-    ``transformers`` (a GGUF dequantized to fp32, or a local model directory)."""
+    ``transformers`` (a GGUF dequantized to fp32, or a local model directory).
+
+    ``n_seq``: sequences the KV cache holds, ``n_ctx`` positions each (continuous batching; only
+    llama.cpp holds more than one)."""
     from promptlookup.backends.models import resolve_model
 
     if backend == "transformers":
         from promptlookup.backends.transformers import TransformersBackend
 
         path = Path(model) if model and Path(model).is_dir() else resolve_model(model)
+        if n_seq != 1:
+            raise UsageError(f"the transformers backend holds one sequence, not {n_seq} (parallel must be 1)")
         return TransformersBackend(path, n_ctx=n_ctx, n_threads=threads)
     if backend != "llama.cpp":
         raise UsageError(f"unknown backend {backend!r} (llama.cpp or transformers)")
@@ -114,7 +126,7 @@ def load_backend(model: str | Path | None = None, backend: str = "llama.cpp", n_
 
     path = resolve_model(model)
     ensure_build_checked(path, threads)  # once per installed build, in a child process
-    return LlamaCppBackend(path, n_ctx=n_ctx, n_threads=threads)
+    return LlamaCppBackend(path, n_ctx=n_ctx, n_threads=threads, n_seq=n_seq)
 
 
 class Engine:
@@ -127,6 +139,11 @@ class Engine:
     (a static cache) and ``cost_curve`` (auto's verify cost curve, JSON) reach every source that
     can use them. ``reuse_prefix``: keep the cache of the prompt prefix shared with the previous
     request.
+
+    ``parallel``: requests run at once, each with ``n_ctx`` positions of its own (llama.cpp holds
+    them in one KV cache of ``parallel * n_ctx`` positions and decodes them together; call the engine
+    from several threads). ``prefill_chunk``: prompt tokens read per batched step, so a long prompt
+    does not stall the requests already decoding.
     """
 
     def __init__(self, model: str | Path | None = None, backend: str = "llama.cpp", *,
@@ -134,37 +151,48 @@ class Engine:
                  speculate: str | SourceSpec = DEFAULT_SPECULATE, history: str | Path | None = None,
                  history_budget: int | None = None, corpus: str | Path | None = None,
                  lookup_static: str | Path | None = None, cost_curve: str | Path | None = None,
-                 reuse_prefix: bool = True) -> None:
+                 reuse_prefix: bool = True, parallel: int = 1,
+                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> None:
         settings = {"corpus": corpus, "static": lookup_static, "curve": cost_curve}
-        self._init_settings(speculate, history, history_budget, settings, reuse_prefix)
-        self.backend: Model = load_backend(model, backend, n_ctx, threads)
+        self._init_settings(speculate, history, history_budget, settings, reuse_prefix, parallel,
+                            prefill_chunk)
+        self.backend: Model = load_backend(model, backend, n_ctx, threads, n_seq=parallel)
         self._bind()
 
     @classmethod
     def from_backend(cls, backend: Model, *, speculate: str | SourceSpec = DEFAULT_SPECULATE,
                      history: str | Path | None = None, history_budget: int | None = None,
                      corpus: str | Path | None = None, lookup_static: str | Path | None = None,
-                     cost_curve: str | Path | None = None, reuse_prefix: bool = True) -> Engine:
+                     cost_curve: str | Path | None = None, reuse_prefix: bool = True,
+                     parallel: int = 1, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> Engine:
         """An engine on a backend already loaded (a transformers model of the caller's, the replay
-        backend of tests and simulations)."""
+        backend of tests and simulations); ``parallel > 1`` needs a backend that batches
+        (:class:`~promptlookup.backends.base.BatchDecoder`) with that many sequences."""
         self = cls.__new__(cls)
         settings = {"corpus": corpus, "static": lookup_static, "curve": cost_curve}
-        self._init_settings(speculate, history, history_budget, settings, reuse_prefix)
+        self._init_settings(speculate, history, history_budget, settings, reuse_prefix, parallel,
+                            prefill_chunk)
         self.backend = backend
         self._bind()
         return self
 
     # -- set-up -----------------------------------------------------------------------------
-    def _init_settings(self, speculate, history, history_budget, settings, reuse_prefix) -> None:
+    def _init_settings(self, speculate, history, history_budget, settings, reuse_prefix, parallel,
+                       prefill_chunk) -> None:
         if history_budget is not None and history_budget < 1:
             raise UsageError(f"the history budget must be at least 1 token, got {history_budget}")
+        if isinstance(parallel, bool) or not isinstance(parallel, int) or not 1 <= parallel <= MAX_PARALLEL:
+            raise UsageError(f"parallel must be an integer in 1..{MAX_PARALLEL}, got {parallel!r}")
+        if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1:
+            raise UsageError(f"prefill_chunk must be a positive integer, got {prefill_chunk!r}")
+        self.parallel = parallel
+        self.prefill_chunk = prefill_chunk
         self._settings = {k: str(v) for k, v in settings.items() if v is not None}
         self.history_path = Path(history) if history is not None else None
         self._history_budget = history_budget
         self.reuse_prefix = reuse_prefix
-        self._lock = threading.Lock()
-        self._sources: dict[str, Any] = {}
-        self._cache_valid = False  # the backend's cache is known to hold backend.tokens
+        self._lock = threading.RLock()  # what every slot's sources share (history, caches)
+        self._factories: dict[str, Any] = {}
         self._grammar_lock = threading.Lock()
         self._grammar_tokenizer: Any = None  # llguidance's view of the vocabulary, built on first use
         self.requests = 0
@@ -182,6 +210,19 @@ class Engine:
         self.history = history
         self.run = Run.for_backend(self.backend, lambda: cached_cost_curve(self.backend))
         self.run.history = history
+        self.scheduler: Scheduler | None = None
+        if self.parallel == 1:
+            slots = [Slot(0, self.backend)]
+        else:
+            if not isinstance(self.backend, BatchDecoder) or self.backend.n_seq < self.parallel:
+                raise UsageError(f"parallel={self.parallel} needs a backend that decodes that many sequences "
+                                 f"together; {type(self.backend).__name__} does not (use parallel=1)")
+            # the batch's draft pricing starts from the single-sequence cost curve (measured now)
+            curve = (CostCurve.load(self._settings["curve"]) if "curve" in self._settings
+                     else self.run.curve())
+            self.scheduler = Scheduler(self.backend, self.prefill_chunk, cost=curve.cost)
+            slots = [Slot(i, SlotDecoder(self.scheduler, i)) for i in range(self.parallel)]
+        self._pool = SlotPool(slots)
         self.source_for(self.default_spec)  # open its files (and measure auto's curve) now, not mid-request
 
     def spec(self, speculate: str | SourceSpec | None) -> SourceSpec:
@@ -195,13 +236,19 @@ class Engine:
                                 "set it with Engine(history=..., history_budget=...)")
         return spec.with_settings(self._settings)
 
-    def source_for(self, spec: SourceSpec) -> DraftSource | None:
-        """One source per setting, kept across requests (reset per request; what it learns stays)."""
+    def source_for(self, spec: SourceSpec, slot: Slot | None = None) -> DraftSource | None:
+        """One source per setting and slot, kept across requests (reset per request; what it learns
+        stays); without ``slot``, the first slot's (the one a lone caller's requests run on)."""
         if spec.name == OFF:
             return None
-        if spec.label not in self._sources:
-            self._sources[spec.label] = source_factory(spec, self.run)()
-        return self._sources[spec.label]
+        slot = slot or self._pool.slots[0]
+        if spec.label not in slot.sources:
+            with self._lock:
+                if spec.label not in self._factories:
+                    self._factories[spec.label] = source_factory(spec, self.run)
+                source = self._factories[spec.label]()
+            slot.sources[spec.label] = GuardedSource(source, self._lock) if self.parallel > 1 else source
+        return slot.sources[spec.label]
 
     # -- text ---------------------------------------------------------------------------------
     @property
@@ -320,54 +367,76 @@ class Engine:
 
     def _run(self, ids: list[int], opts: RequestOptions, spec: SourceSpec, sampler: Sampler,
              stops: list[str]) -> Iterator[Chunk]:
+        slot, keep = self._pool.acquire(ids, self.reuse_prefix)
+        sched = self.scheduler
+        try:
+            if sched is not None:
+                sched.open(slot.seq)
+            yield from self._run_on(slot, keep, ids, opts, spec, sampler, stops)
+        finally:
+            if sched is not None:
+                sched.close(slot.seq)
+            self._pool.release(slot)
+
+    def _run_on(self, slot: Slot, keep: int, ids: list[int], opts: RequestOptions, spec: SourceSpec,
+                sampler: Sampler, stops: list[str]) -> Iterator[Chunk]:
+        """One request on ``slot`` (its decoder, its sources), ``keep`` cached prompt positions reused."""
+        sched = self.scheduler
+        source = self.source_for(spec, slot)
+        choices_before = _choices(source)
+        decoder = slot.decoder
+        tracker = TextTracker(self.backend.detokenize, stops)
+        deadline = None if opts.timeout is None else time.monotonic() + opts.timeout
+        ended_by = None
+        emitted = 0  # tokens handed out in chunks so far
+        slot.cache_valid = False
+        limit = None if sched is None else decoder.draft_cap
+        loop = steps(decoder, ids, opts.max_tokens, source, spec.draft, sampler, keep, draft_limit=limit)
+        try:
+            new = next(loop)
+            while True:
+                piece = tracker.add(new)
+                if tracker.stopped:
+                    ended_by = "stop"
+                elif deadline is not None and time.monotonic() > deadline:
+                    ended_by = "time"
+                elif opts.cancelled is not None and opts.cancelled():
+                    ended_by = "cancelled"
+                if piece:
+                    chunk = self._chunk(piece, tracker.tokens[emitted:], emitted, ids, sampler)
+                    emitted = len(tracker.tokens)
+                    if sched is None:
+                        yield chunk
+                    else:  # the batch does not wait for this request's consumer
+                        sched.park(slot.seq)
+                        yield chunk
+                        sched.unpark(slot.seq)
+                new = loop.send(ended_by is not None)
+        except StopIteration as done:
+            gen = done.value
+        except GeneratorExit:  # the consumer stopped reading: the cache is still consistent
+            slot.cache_valid = True
+            raise
+        slot.cache_valid = True
+        if sched is not None:
+            sched.close(slot.seq)  # the other requests' rounds stop waiting for this one now
         with self._lock:
-            source = self.source_for(spec)
-            draft = spec.draft
-            choices_before = _choices(source)
-            keep = (common_prefix(self.backend.tokens, ids)
-                    if self.reuse_prefix and self._cache_valid else 0)
-            tracker = TextTracker(self.backend.detokenize, stops)
-            deadline = None if opts.timeout is None else time.monotonic() + opts.timeout
-            ended_by = None
-            emitted = 0  # tokens handed out in chunks so far
-            self._cache_valid = False
-            loop = steps(self.backend, ids, opts.max_tokens, source, draft, sampler, keep)
-            try:
-                new = next(loop)
-                while True:
-                    piece = tracker.add(new)
-                    if tracker.stopped:
-                        ended_by = "stop"
-                    elif deadline is not None and time.monotonic() > deadline:
-                        ended_by = "time"
-                    elif opts.cancelled is not None and opts.cancelled():
-                        ended_by = "cancelled"
-                    if piece:
-                        yield self._chunk(piece, tracker.tokens[emitted:], emitted, ids, sampler)
-                        emitted = len(tracker.tokens)
-                    new = loop.send(ended_by is not None)
-            except StopIteration as done:
-                gen = done.value
-            except GeneratorExit:  # the consumer stopped reading: the cache is still consistent
-                self._cache_valid = True
-                raise
-            self._cache_valid = True
             self.requests += 1
             if source is not None:
                 source.commit()  # this request joins the history (and lookup's dynamic cache)
-                save_state(spec, source)
-            stopped_by = ended_by or gen.stopped_by
-            n = len(tracker.tokens) if tracker.stopped else len(gen.tokens)
-            completion = Completion(
-                text=tracker.text, tokens=gen.tokens[:n], prompt_tokens=len(ids),
-                finish_reason="stop" if stopped_by in ("eos", "stop") else "length",
-                stopped_by=stopped_by, counters=gen.counters, speculate=spec.label,
-                seed=gen.seed, stop=tracker.stop,
-                logprobs=gen.logprobs[:n] if gen.logprobs is not None else None,
-                source_choices=_choice_delta(choices_before, _choices(source)))
-            last = self._chunk(tracker.finish(), completion.tokens[emitted:], emitted, ids, sampler)
-            last.completion = completion
-            yield last
+                save_state(spec, getattr(source, "inner", source))
+        stopped_by = ended_by or gen.stopped_by
+        n = len(tracker.tokens) if tracker.stopped else len(gen.tokens)
+        completion = Completion(
+            text=tracker.text, tokens=gen.tokens[:n], prompt_tokens=len(ids),
+            finish_reason="stop" if stopped_by in ("eos", "stop") else "length",
+            stopped_by=stopped_by, counters=gen.counters, speculate=spec.label,
+            seed=gen.seed, stop=tracker.stop,
+            logprobs=gen.logprobs[:n] if gen.logprobs is not None else None,
+            source_choices=_choice_delta(choices_before, _choices(source)))
+        last = self._chunk(tracker.finish(), completion.tokens[emitted:], emitted, ids, sampler)
+        last.completion = completion
+        yield last
 
     @staticmethod
     def _chunk(text: str, tokens: list[int], first: int, ids: list[int], sampler: Sampler) -> Chunk:
@@ -494,26 +563,32 @@ def _tool_chunks(chunks: Iterator[Chunk], fmt: ToolFormat, tools: Sequence[Any])
     sent = 0
     tokens: list[int] = []
     lps: list[TokenLogprob] | None = None
-    for chunk in chunks:
-        text += chunk.text
-        tokens.extend(chunk.tokens)
-        if chunk.logprobs is not None:
-            lps = [*(lps or ()), *chunk.logprobs]
-        c = chunk.completion
-        if c is None:
-            safe = max(sent, fmt.safe_prefix(text))
-            if safe > sent:
-                yield Chunk(text[sent:safe], tokens, logprobs=lps)
-                sent, tokens, lps = safe, [], None
-            continue
-        parsed = fmt.parse(c.text, tools) if c.finish_reason == "stop" else None
-        if parsed is not None:
-            content, calls = parsed
-            c.text, c.tool_calls, c.finish_reason = content, calls, "tool_calls"
-            yield Chunk(text[sent : max(sent, len(content))], tokens, completion=c, logprobs=lps)
-        else:
-            yield Chunk(text[sent:], tokens, completion=c, logprobs=lps)
-        return
+    try:
+        for chunk in chunks:
+            text += chunk.text
+            tokens.extend(chunk.tokens)
+            if chunk.logprobs is not None:
+                lps = [*(lps or ()), *chunk.logprobs]
+            c = chunk.completion
+            if c is None:
+                safe = max(sent, fmt.safe_prefix(text))
+                if safe > sent:
+                    yield Chunk(text[sent:safe], tokens, logprobs=lps)
+                    sent, tokens, lps = safe, [], None
+                continue
+            parsed = fmt.parse(c.text, tools) if c.finish_reason == "stop" else None
+            if parsed is not None:
+                content, calls = parsed
+                c.text, c.tool_calls, c.finish_reason = content, calls, "tool_calls"
+                yield Chunk(text[sent : max(sent, len(content))], tokens, completion=c, logprobs=lps)
+            else:
+                yield Chunk(text[sent:], tokens, completion=c, logprobs=lps)
+            return
+    finally:  # a consumer that stops early ends the generation now (its slot is freed), not at GC
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
+
 
 def _options(options: RequestOptions | None, fields: Mapping[str, Any]) -> RequestOptions:
     """The request's options: ``options`` with ``fields`` replaced, or built from ``fields``."""

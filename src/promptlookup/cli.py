@@ -314,12 +314,15 @@ def _positive_float(what: str):
 
 
 def _add_serve_command(sub) -> None:
-    from promptlookup.api import DEFAULT_SPECULATE
+    from promptlookup.api import DEFAULT_SPECULATE, MAX_PARALLEL
+    from promptlookup.batching.scheduler import DEFAULT_PREFILL_CHUNK
+    from promptlookup.serve.app import DEFAULT_PARALLEL
 
     s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (chat, completions, streaming)",
                        description="Serve /v1/chat/completions, /v1/completions, /v1/models, /health and "
-                                   "/metrics on one loaded model, speculating by prompt lookup. One model "
-                                   "context: requests queue (FIFO, --max-queue). Prints 'promptlookup serve: "
+                                   "/metrics on one loaded model, speculating by prompt lookup. --parallel "
+                                   "requests are decoded together (continuous batching); the others queue "
+                                   "(FIFO, --max-queue). Prints 'promptlookup serve: "
                                    "listening on http://HOST:PORT' when ready; SIGTERM/SIGINT save the "
                                    "history and exit 0.")
     _add_model_args(s, backend=True)
@@ -336,10 +339,18 @@ def _add_serve_command(sub) -> None:
                       keys=("history", "budget", "corpus", "static", "curve"),
                       aliases={"--suffix-history": ("--history",),
                                "--suffix-history-budget": ("--history-budget",)})
+    s.add_argument("--parallel", "-np", type=_int_in(1, MAX_PARALLEL, "--parallel"), metavar="N",
+                   help=f"requests decoded together, each with --ctx-size positions of its own (default "
+                        f"{DEFAULT_PARALLEL} on llama.cpp; 1, one at a time as a FIFO, on transformers, "
+                        "which does not batch)")
+    s.add_argument("--prefill-chunk", type=_int_in(1, 1 << 16, "--prefill-chunk"),
+                   default=DEFAULT_PREFILL_CHUNK, metavar="TOKENS",
+                   help="prompt tokens read per batched step, so running requests keep decoding while a "
+                        f"new prompt is read (default {DEFAULT_PREFILL_CHUNK})")
     s.add_argument("--history-save-every", type=_int_in(1, None, "--history-save-every"), default=8,
                    metavar="N", help="save the history after every N finished requests (default 8)")
     s.add_argument("--max-queue", type=_int_in(0, 1 << 16, "--max-queue"), default=64, metavar="N",
-                   help="requests that may wait behind the one generating (default 64); beyond: 503 "
+                   help="requests that may wait for a free slot (default 64); beyond: 503 "
                         "with Retry-After")
     s.add_argument("--timeout", type=_positive_float("--timeout"), default=600.0, metavar="SECONDS",
                    help="per-request time limit, queue wait included (default 600); a generation that "
@@ -359,7 +370,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from promptlookup.api import Engine
     from promptlookup.drafting.spec import SourceSpec
-    from promptlookup.serve.app import Settings
+    from promptlookup.serve.app import DEFAULT_PARALLEL, Settings
     from promptlookup.serve.server import run_server
 
     spec = SourceSpec.parse(args.speculate)  # a bad setting fails before the model loads
@@ -374,7 +385,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     engine = Engine(args.model, args.backend, threads=args.threads, n_ctx=args.ctx_size, speculate=spec,
                     history=args.suffix_history, history_budget=args.suffix_history_budget,
                     corpus=args.suffix_corpus,
-                    lookup_static=args.lookup_cache_static, cost_curve=args.cost_curve)
+                    lookup_static=args.lookup_cache_static, cost_curve=args.cost_curve,
+                    parallel=args.parallel or (DEFAULT_PARALLEL if args.backend == "llama.cpp" else 1),
+                    prefill_chunk=args.prefill_chunk)
     try:
         return run_server(engine, settings, args.host, args.port)
     finally:

@@ -84,11 +84,16 @@ def steps(
     keep: int = 0,
     verify_seconds: Callable[[int], float] | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    draft_limit: Callable[[], int | None] | None = None,
 ) -> Generator[list[int], bool | None, Generation]:
     """The loop as a generator: yields each step's confirmed tokens (the first one after the
     prefill, then one to ``draft + 1`` per verify) and returns the :class:`Generation`. Sending True
     ends it after the tokens just yielded; time the consumer spends is outside every timed span.
-    Streaming consumers (the public API, the server) drive it directly."""
+    Streaming consumers (the public API, the server) drive it directly.
+
+    ``draft_limit``, asked before each step, caps that step's draft (None: no cap); under continuous
+    batching it is the batch's price of a drafted token (:mod:`promptlookup.batching.pricing`). A cap
+    of 0 makes the step a plain decode without asking the source."""
     source = source or NoDraft()
     if not prompt:
         raise ValueError("the prompt is empty: at least one token is needed to start decoding")
@@ -129,6 +134,10 @@ def steps(
             break
         # A step yields at most k + 1 tokens and feeds k + 1: never draft past either limit.
         k = min(draft, room - 1)
+        if draft_limit is not None:
+            cap = draft_limit()
+            if cap is not None:
+                k = min(k, cap)
 
         t0 = perf()
         source.extend([pending])

@@ -3,9 +3,12 @@
 The high-level ``Llama`` object is used only to load the model and for its tokenizer; decoding goes
 through the C API directly so that a verify step is exactly one ``llama_decode`` of ``1 + N``
 tokens with logits requested for every position, and a rejected draft is undone with
-``llama_memory_seq_rm``. Argmax is taken here, in numpy, over the logits rows llama.cpp returns;
-under sampling, the :class:`~promptlookup.sampling.Sampler` reads the same rows in place (no copy of
-the logits unless a penalty is applied).
+``llama_memory_seq_rm``. The context can hold several sequences (``n_seq``, each in its own KV
+stream) that one forward decodes together (:meth:`LlamaCppBackend.decode_many`, continuous
+batching); the single-sequence API is sequence 0 of the same path. Argmax is taken here, in
+numpy, over the logits rows llama.cpp returns; under sampling, the
+:class:`~promptlookup.sampling.Sampler` reads the same rows in place (no copy of the logits unless a
+penalty is applied).
 """
 
 from __future__ import annotations
@@ -18,11 +21,18 @@ from typing import Any
 
 import numpy as np
 
-from promptlookup.backends.base import BackendError, check_keep, one_turn
+from promptlookup.backends.base import BackendError, SeqDecode, check_keep, one_turn
 from promptlookup.sampling import Sampler
 
 DEFAULT_N_CTX = 4096
 DEFAULT_N_BATCH = 512
+#: the context the ``Llama`` object makes for itself (llama.cpp's smallest): it is only used to load
+#: the weights and the tokenizer, and decoding has its own context (see ``_own_context``)
+SCRATCH_N_CTX = 256
+#: llama.cpp's context size granularity (per sequence, when each has its own KV stream)
+CTX_PAD = 256
+#: what a part of :meth:`LlamaCppBackend.decode_many` may want
+WANTS = ("all", "last", "none")
 #: what llama.cpp's system info prints for the matmul kernels whose result for a row depends on how
 #: many rows share the batch: llamafile's tinyBLAS (taken for 2+ rows, the one-token decode takes
 #: ggml's vec-dot) and the repacked weight layouts (a gemm for 4+ rows, a gemv below)
@@ -61,7 +71,15 @@ def default_threads() -> int:
 
 
 class LlamaCppBackend:
-    """A loaded GGUF model with one sequence of KV cache."""
+    """A loaded GGUF model with ``n_seq`` sequences of KV cache (one unless continuous batching).
+
+    The single-sequence :class:`~promptlookup.backends.base.Decoder` methods act on sequence 0; the
+    :class:`~promptlookup.backends.base.BatchDecoder` methods address any sequence. Both go through
+    one packing path (:meth:`decode_many`), so a sequence decoded alone and one decoded in company
+    are fed to llama.cpp the same way.
+
+    Not thread-safe: one caller at a time (a ``llama_decode`` releases the GIL, and the batch buffers
+    and cached ids here are shared by every call)."""
 
     name = "llama.cpp"
 
@@ -72,6 +90,7 @@ class LlamaCppBackend:
         n_threads: int | None = None,
         n_batch: int = DEFAULT_N_BATCH,
         record_logits: bool = False,
+        n_seq: int = 1,
     ) -> None:
         try:
             import llama_cpp  # deferred: importing it loads the shared library
@@ -83,44 +102,81 @@ class LlamaCppBackend:
         _switch_off_batch_dependent_runtime_paths(llama_cpp)
         self.model_path = Path(model_path)
         self.n_threads = n_threads or default_threads()
-        self.n_batch = n_batch
+        max_seq = int(llama_cpp.llama_max_parallel_sequences())
+        if not 1 <= n_seq <= max_seq:
+            raise BackendError(f"n_seq {n_seq} is outside 1..{max_seq} (llama.cpp's limit)")
+        if n_ctx < 1 or n_batch < 1:
+            raise BackendError(f"n_ctx ({n_ctx}) and n_batch ({n_batch}) must be positive")
         from promptlookup.backends.models import check_context
 
-        check_context(self.model_path, n_ctx)  # before llama.cpp allocates (and touches) the KV cache
+        check_context(self.model_path, n_ctx, n_seq)  # before llama.cpp allocates (and touches) the KV cache
         try:
+            # Llama loads the weights and the tokenizer; its own context is the smallest llama.cpp
+            # makes (0.3.36's Llama cannot set n_seq_max / kv_unified) and is freed at once below.
             self._llama = llama_cpp.Llama(
                 model_path=str(self.model_path),
-                n_ctx=n_ctx,
-                n_batch=n_batch,
-                n_ubatch=n_batch,
+                n_ctx=SCRATCH_N_CTX,
+                n_batch=SCRATCH_N_CTX,
+                n_ubatch=SCRATCH_N_CTX,
                 n_threads=self.n_threads,
                 n_threads_batch=self.n_threads,
                 verbose=False,
             )
         except (ValueError, RuntimeError) as exc:
             raise BackendError(f"llama.cpp could not load {self.model_path}: {exc}") from exc
-        self._ctx = self._llama.ctx
+        self._ctx = self._own_context(n_ctx, n_seq, n_batch)
         self._vocab = llama_cpp.llama_model_get_vocab(self._llama.model)
         self._mem = llama_cpp.llama_get_memory(self._ctx)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
-        self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))  # llama.cpp may round it up
-        # Llama caps the batch at the context size; one llama_decode must never exceed it.
-        self.n_batch = n_batch = min(n_batch, int(llama_cpp.llama_n_batch(self._ctx)),
+        self.n_seq = int(llama_cpp.llama_n_seq_max(self._ctx))
+        # positions per sequence: llama.cpp pads the whole context to a multiple of 256 and gives
+        # each of the n_seq streams an equal share, so this may be above the n_ctx asked for
+        self.n_ctx = int(llama_cpp.llama_n_ctx_seq(self._ctx))
+        # one llama_decode must never take more than the context's batch (and one ubatch: a larger
+        # batch would be split by llama.cpp into ubatches we do not control)
+        self.n_batch = n_batch = min(int(llama_cpp.llama_n_batch(self._ctx)),
                                      int(llama_cpp.llama_n_ubatch(self._ctx)))
-        self.n_past = 0
-        self._ids: list[int] = []  # the tokens in the cache, for the sampler's penalties
+        self._seq_ids: list[list[int]] = [[] for _ in range(self.n_seq)]  # each sequence's cached ids
         self.record_logits = record_logits
-        self.recorded: list[tuple[int, np.ndarray]] = []  # (position, logits row) when recording
+        # (position, logits row) of every row decoded while recording, per sequence; ``recorded`` is
+        # sequence 0's (the single-sequence API's)
+        self.recorded_seqs: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(self.n_seq)]
+        self.recorded = self.recorded_seqs[0]
 
+        # every token belongs to one sequence, so one seq_id slot per token is enough; which
+        # sequence is written per token by each decode
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
         b = self._batch
         self._tok = np.ctypeslib.as_array(b.token, shape=(n_batch,))
         self._pos = np.ctypeslib.as_array(b.pos, shape=(n_batch,))
         self._out = np.ctypeslib.as_array(b.logits, shape=(n_batch,))
-        n_seq = np.ctypeslib.as_array(b.n_seq_id, shape=(n_batch,))
-        n_seq[:] = 1
-        for i in range(n_batch):
-            b.seq_id[i][0] = 0
+        n_seq_id = np.ctypeslib.as_array(b.n_seq_id, shape=(n_batch,))
+        n_seq_id[:] = 1
+        self._seq_slot = [b.seq_id[i] for i in range(n_batch)]  # each token's seq_id array
+        for slot in self._seq_slot:
+            slot[0] = 0
+        self._slot_seq = [0] * n_batch  # what each slot holds now (writing a ctypes slot costs)
+
+    def _own_context(self, n_ctx: int, n_seq: int, n_batch: int):
+        """The decoding context: ``n_seq`` sequences of ``n_ctx`` positions each, in separate KV
+        streams (``kv_unified`` off, so a sequence can never take another's cells and its attention
+        reads only its own), built with the loaded ``Llama``'s settings (threads, flash attention
+        off, ...), which replaces the ``Llama``'s own scratch context."""
+        lib = self._lib
+        params = lib.llama_context_params.from_buffer_copy(self._llama.context_params)
+        # llama.cpp pads each sequence's share up to a multiple of 256 anyway; asking for the padded
+        # size keeps the total divisible by n_seq (else it logs a "rounding down" it does not do)
+        params.n_ctx = -(-n_ctx // CTX_PAD) * CTX_PAD * n_seq
+        params.n_batch = params.n_ubatch = min(n_batch, n_ctx * n_seq)
+        params.n_seq_max = n_seq
+        params.kv_unified = False
+        ctx = lib.llama_init_from_model(self._llama.model, params)
+        if ctx is None:
+            self._llama.close()
+            raise BackendError(f"llama.cpp could not make a context of {n_seq} x {n_ctx} positions "
+                               f"for {self.model_path}")
+        self._llama._ctx.close()  # the scratch context: nothing here decodes through the Llama
+        return ctx
 
     # -- metadata -------------------------------------------------------------------------
     @property
@@ -237,89 +293,176 @@ class LlamaCppBackend:
             raise BackendError(f"the chat template refused these messages: {exc}") from exc
 
     # -- decoding -------------------------------------------------------------------------
-    def _decode(self, ids: Sequence[int], want: str, sampler: Sampler | None = None) -> list[int]:
-        """Decode ``ids`` at ``n_past..``; return the choice after the last token or after each."""
-        m = len(ids)
-        if m == 0:
-            raise BackendError("nothing to decode")
-        if self.n_past + m > self.n_ctx:
-            raise BackendError(
-                f"context full: {self.n_past} cached + {m} new tokens > n_ctx {self.n_ctx}"
-            )
-        for t in ids:
-            self.check_token(t)
-        if sampler is not None and sampler.argmax_only:
-            sampler = None
-        del self._ids[self.n_past :]
-        self._ids.extend(int(t) for t in ids)
-        result: list[int] = []
-        stopped = False  # the sampler stopped at a rejected draft: later rows are never read
-        for start in range(0, m, self.n_batch):
-            chunk = ids[start : start + self.n_batch]
-            c = len(chunk)
-            self._tok[:c] = chunk
-            self._pos[:c] = np.arange(self.n_past, self.n_past + c)
-            last_chunk = start + c == m
-            if want == "all":
-                self._out[:c] = 1
-            else:
-                self._out[:c] = 0
-                self._out[c - 1] = 1 if last_chunk else 0
-            self._batch.n_tokens = c
-            rc = self._lib.llama_decode(self._ctx, self._batch)
+    def _seq_note(self, seq: int) -> str:
+        """Which sequence a message is about, where there is more than one."""
+        return f" (sequence {seq})" if self.n_seq > 1 else ""
+
+    def _check_seq(self, seq: int) -> None:
+        if not 0 <= seq < self.n_seq:
+            raise BackendError(f"sequence {seq} is outside 0..{self.n_seq - 1}")
+
+    def _check_parts(self, parts: Sequence[SeqDecode]) -> None:
+        """Refuse, before anything is decoded, every part that cannot be decoded as asked."""
+        if not parts:
+            raise BackendError("nothing to decode: no parts")
+        seen: set[int] = set()
+        for part in parts:
+            seq = part.seq
+            self._check_seq(seq)
+            if seq in seen:
+                raise BackendError(f"sequence {seq} has more than one part in one decode")
+            seen.add(seq)
+            if part.want not in WANTS:
+                raise BackendError(f"want must be 'all', 'last' or 'none', not {part.want!r}"
+                                   f"{self._seq_note(seq)}")
+            m = len(part.ids)
+            if m == 0:
+                raise BackendError(f"nothing to decode{self._seq_note(seq)}")
+            cached = len(self._seq_ids[seq])
+            if cached + m > self.n_ctx:
+                raise BackendError(f"context full: {cached} cached + {m} new tokens > n_ctx {self.n_ctx}"
+                                   f"{self._seq_note(seq)}")
+            for t in part.ids:
+                if not 0 <= int(t) < self.n_vocab:
+                    raise BackendError(f"token id {t} is outside the vocabulary (0..{self.n_vocab - 1})"
+                                       f"{self._seq_note(seq)}")
+
+    def _chunks(self, parts: Sequence[SeqDecode]) -> list[list[tuple[int, int, int]]]:
+        """Pack the parts into forwards of at most ``n_batch`` tokens: ``(part, lo, hi)`` slices,
+        in order. A part that fits in one forward is never split (it starts a new forward when the
+        current one has no room for it); a longer one fills forwards in order, as one long prompt
+        is chunked at ``n_batch`` from its start when it is alone."""
+        chunks: list[list[tuple[int, int, int]]] = []
+        cur: list[tuple[int, int, int]] = []
+        room = self.n_batch
+        for k, part in enumerate(parts):
+            m = len(part.ids)
+            if room < m <= self.n_batch:
+                chunks.append(cur)
+                cur, room = [], self.n_batch
+            lo = 0
+            while lo < m:
+                if room == 0:
+                    chunks.append(cur)
+                    cur, room = [], self.n_batch
+                take = min(room, m - lo)
+                cur.append((k, lo, lo + take))
+                lo += take
+                room -= take
+        if cur:
+            chunks.append(cur)
+        return chunks
+
+    def decode_many(self, parts: Sequence[SeqDecode]) -> list[list[int]]:
+        """Decode every part at its sequence's next positions, in as few ``llama_decode`` calls as
+        ``n_batch`` allows; what each part wanted, in order (see :class:`SeqDecode`).
+
+        Everything is checked first, so a refused call decodes nothing; if ``llama_decode`` fails,
+        every sequence is rolled back to where this call found it before the error is raised."""
+        self._check_parts(parts)
+        samplers = [None if p.sampler is None or p.sampler.argmax_only else p.sampler for p in parts]
+        starts = [len(self._seq_ids[p.seq]) for p in parts]
+        for part in parts:  # the sampler's penalties read the ids before each position
+            self._seq_ids[part.seq].extend(int(t) for t in part.ids)
+        results: list[list[int]] = [[] for _ in parts]
+        stopped = [False] * len(parts)  # a sampler stopped at a rejected draft: later rows unread
+        lib, tok, pos, out, slots, slot_seq = (self._lib, self._tok, self._pos, self._out,
+                                               self._seq_slot, self._slot_seq)
+        for chunk in self._chunks(parts):
+            n = 0
+            for k, lo, hi in chunk:
+                part, c = parts[k], hi - lo
+                seq = part.seq
+                tok[n : n + c] = part.ids[lo:hi]
+                pos[n : n + c] = np.arange(starts[k] + lo, starts[k] + hi)
+                if part.want == "all":
+                    out[n : n + c] = 1
+                else:
+                    out[n : n + c] = 0
+                    if part.want == "last" and hi == len(part.ids):
+                        out[n + c - 1] = 1
+                for i in range(n, n + c):
+                    if slot_seq[i] != seq:
+                        slots[i][0] = slot_seq[i] = seq
+                n += c
+            self._batch.n_tokens = n
+            rc = lib.llama_decode(self._ctx, self._batch)
             if rc != 0:
-                del self._ids[self.n_past :]
-                raise BackendError(f"llama_decode failed with code {rc} at position {self.n_past}")
-            n_rows = c if want == "all" else int(last_chunk)
-            if n_rows:
-                ptr = self._lib.llama_get_logits(self._ctx)
-                rows = np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab))
+                for part, start in zip(parts, starts, strict=True):
+                    lib.llama_memory_seq_rm(self._mem, part.seq, start, -1)
+                    del self._seq_ids[part.seq][start:]
+                first = min(starts[k] + lo for k, lo, _ in chunk)
+                raise BackendError(f"llama_decode failed with code {rc} at position {first}"
+                                   f"{self._seq_note(parts[chunk[0][0]].seq)}")
+            n_out = int(out[:n].sum())
+            if not n_out:
+                continue
+            rows_all = np.ctypeslib.as_array(lib.llama_get_logits(self._ctx), shape=(n_out, self.n_vocab))
+            r = 0  # rows come in batch order, one per token whose logits were asked for
+            for k, lo, hi in chunk:
+                part = parts[k]
+                n_rows = hi - lo if part.want == "all" else int(part.want == "last" and hi == len(part.ids))
+                if not n_rows:
+                    continue
+                rows = rows_all[r : r + n_rows]
+                r += n_rows
+                first = starts[k] + hi - n_rows  # the position of the first row's token
                 if self.record_logits:
-                    first = self.n_past + (c - n_rows)
-                    self.recorded.extend((first + i, rows[i].copy()) for i in range(n_rows))
+                    self.recorded_seqs[part.seq].extend((first + i, rows[i].copy()) for i in range(n_rows))
+                sampler = samplers[k]
                 if sampler is None:
-                    result.extend(int(t) for t in rows.argmax(axis=1))
-                elif not stopped:  # rows predict the positions after the last n_rows tokens fed
-                    at = self.n_past + c - n_rows + 1
-                    chosen = sampler.sample_rows(rows, self._ids, at)
-                    result.extend(chosen)
-                    last = at + len(chosen) - 1
-                    stopped = last < len(self._ids) and self._ids[last] != chosen[-1]
-            self.n_past += c
-        return result
+                    results[k].extend(int(t) for t in rows.argmax(axis=1))
+                elif not stopped[k]:  # rows predict the positions after the tokens they were fed
+                    ids = self._seq_ids[part.seq]
+                    chosen = sampler.sample_rows(rows, ids, first + 1)
+                    results[k].extend(chosen)
+                    last = first + len(chosen)
+                    stopped[k] = last < len(ids) and ids[last] != chosen[-1]
+        return results
+
+    def seq_tokens(self, seq: int) -> list[int]:
+        self._check_seq(seq)
+        return list(self._seq_ids[seq])
+
+    def seq_rollback(self, seq: int, n_keep: int) -> None:
+        self._check_seq(seq)
+        ids = self._seq_ids[seq]
+        if not 0 <= n_keep <= len(ids):
+            raise BackendError(f"cannot roll back to {n_keep} with {len(ids)} cached{self._seq_note(seq)}")
+        if n_keep < len(ids):
+            if not self._lib.llama_memory_seq_rm(self._mem, seq, n_keep, -1):
+                raise BackendError(f"llama_memory_seq_rm refused to drop positions {n_keep}.."
+                                   f"{self._seq_note(seq)}")
+            del ids[n_keep:]
+
+    @property
+    def n_past(self) -> int:
+        """Positions sequence 0 holds (the single-sequence API's)."""
+        return len(self._seq_ids[0])
 
     @property
     def tokens(self) -> list[int]:
-        return list(self._ids)
+        return list(self._seq_ids[0])
 
     def prefill(self, ids: Sequence[int], sampler: Sampler | None = None, keep: int = 0) -> int:
-        check_keep(self._ids, ids, keep)
+        check_keep(self._seq_ids[0], ids, keep)
         self.recorded.clear()
-        if keep:
-            self.rollback(keep)
-            return self._decode(ids[keep:], want="last", sampler=sampler)[-1]
-        self._lib.llama_memory_clear(self._mem, True)
-        self.n_past = 0
-        self._ids = []
-        return self._decode(ids, want="last", sampler=sampler)[-1]
+        self.seq_rollback(0, keep)
+        return self.decode_many([SeqDecode(0, ids[keep:], "last", sampler)])[0][-1]
 
     def verify(self, ids: Sequence[int], sampler: Sampler | None = None) -> list[int]:
-        return self._decode(ids, want="all", sampler=sampler)
+        return self.decode_many([SeqDecode(0, ids, "all", sampler)])[0]
 
     def rollback(self, n_keep: int) -> None:
-        if not 0 <= n_keep <= self.n_past:
-            raise BackendError(f"cannot roll back to {n_keep} with {self.n_past} cached")
-        if n_keep < self.n_past:
-            ok = self._lib.llama_memory_seq_rm(self._mem, 0, n_keep, -1)
-            if not ok:
-                raise BackendError(f"llama_memory_seq_rm refused to drop positions {n_keep}..")
-            self.n_past = n_keep
-            del self._ids[n_keep:]
+        self.seq_rollback(0, n_keep)
 
     def close(self) -> None:
         if getattr(self, "_batch", None) is not None:
             self._lib.llama_batch_free(self._batch)
             self._batch = None
+        if getattr(self, "_ctx", None) is not None:  # before the model it was made from
+            self._lib.llama_free(self._ctx)
+            self._ctx = None
         llama = getattr(self, "_llama", None)
         if llama is not None:
             llama.close()

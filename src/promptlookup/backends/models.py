@@ -170,14 +170,19 @@ def available_memory() -> int | None:
     return None
 
 
-def check_context(path: str | os.PathLike[str], n_ctx: int) -> None:
-    """Refuse a context size the model was not trained for or the machine cannot hold."""
+def check_context(path: str | os.PathLike[str], n_ctx: int, n_seq: int = 1) -> None:
+    """Refuse a context size the model was not trained for or the machine cannot hold.
+
+    ``n_ctx`` is the positions of one sequence (what the training context bounds); the KV cache
+    holds ``n_seq`` of them, so the memory check is on ``n_ctx * n_seq``."""
     ctx_train, per_token = kv_cache_estimate(path)
     name = Path(path).name
     if ctx_train and n_ctx > ctx_train:
         raise ModelError(f"-c/--ctx-size {n_ctx} is above the training context of {name} "
                          f"({ctx_train} tokens)")
     avail = available_memory()
-    if per_token and avail is not None and n_ctx * per_token > avail:
-        raise ModelError(f"-c/--ctx-size {n_ctx} needs about {n_ctx * per_token / 2**30:.1f} GiB of KV "
+    total = n_ctx * n_seq
+    if per_token and avail is not None and total * per_token > avail:
+        what = f"{n_ctx}" if n_seq == 1 else f"{n_ctx} for each of {n_seq} sequences"
+        raise ModelError(f"-c/--ctx-size {what} needs about {total * per_token / 2**30:.1f} GiB of KV "
                          f"cache, more than the {avail / 2**30:.1f} GiB of memory available")

@@ -45,6 +45,9 @@ from promptlookup.tools import format_for
 
 log = logging.getLogger("promptlookup.serve")
 
+#: requests decoded together by default: about where a batch's tokens per second stop rising on a
+#: 2-core CPU with the bundled model (docs/server.md), and llama-server's default slot count
+DEFAULT_PARALLEL = 4
 MAX_SPECULATE_SETTINGS = 16  # distinct draft source settings one server builds (each keeps its state)
 
 
@@ -52,7 +55,7 @@ MAX_SPECULATE_SETTINGS = 16  # distinct draft source settings one server builds 
 class Settings:
     """The server's own settings (the engine's are the engine's)."""
 
-    max_queue: int = 64  # requests waiting behind the one generating; beyond: 503 + Retry-After
+    max_queue: int = 64  # requests waiting for a free slot; beyond: 503 + Retry-After
     timeout: float | None = 600.0  # seconds per request, queue wait included
     api_key: str | None = None
     max_body: int = 8 << 20  # bytes of a request body
@@ -315,7 +318,8 @@ router = APIRouter()
 @router.get("/health", response_model=s.Health, tags=["server"])
 async def health(request: Request) -> dict[str, Any]:
     server = _server(request)
-    return {"status": "ok", "model": server.model, "running": server.worker.running,
+    return {"status": "ok", "model": server.model, "parallel": server.worker.parallel,
+            "running": server.worker.running,
             "waiting": server.worker.waiting, "max_queue": server.settings.max_queue,
             "requests": server.worker.served}
 

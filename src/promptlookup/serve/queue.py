@@ -1,4 +1,5 @@
-"""One worker thread runs the engine; requests wait their turn in a bounded FIFO queue.
+"""Worker threads run the engine, one per request it runs at once; requests wait their turn in a
+bounded FIFO queue.
 
 A :class:`Job` is data: the kind of request (``chat`` or ``completion``), its prompt (messages, text
 or ids) and its :class:`~promptlookup.options.RequestOptions`, checked by the route before it was
@@ -6,14 +7,15 @@ queued. The worker hands them to the engine itself (``Engine.chat`` / ``Engine.g
 request's path runs one way: route -> queue -> engine -> loop -> backend, with no call back into the
 module that queued it.
 
-Why a thread and a queue: the engine holds one model context and serves one request at a time,
-and a generation is seconds of blocking native calls, which must never run on the event loop (that
-would stall every other client, ``/health`` included). So each request becomes a :class:`Job`: the
-event loop submits it (refused when ``max_queue`` jobs already wait, so the client gets a 503 at
-once instead of an unbounded wait), the worker runs jobs in arrival order and sends each step's
+Why threads and a queue: the engine runs ``engine.parallel`` requests at once (continuous batching
+decodes them together: :mod:`promptlookup.batching`), and a generation is seconds of blocking native
+calls, which must never run on the event loop (that would stall every other client, ``/health``
+included). So each request becomes a :class:`Job`: the event loop submits it (refused when
+``max_queue`` jobs already wait, so the client gets a 503 at once instead of an unbounded wait), one
+worker thread per slot takes the oldest waiting job and sends each step's
 events back to the loop through ``call_soon_threadsafe``. A job carries a :class:`threading.Event`
 that the loop sets when its client disconnects (or on shutdown): a waiting job is dropped from the
-queue there and then, a running one ends at its next step (``Options.cancelled``), so the model is
+queue there and then, a running one ends at its next step (``Options.cancelled``), so its slot is
 free for the next request within one step.
 """
 
@@ -105,22 +107,26 @@ def error_event(exc: BaseException) -> Event:
 
 
 class Worker:
-    """The single thread that runs jobs on ``engine``, oldest first; see the module docstring."""
+    """The threads that run jobs on ``engine``, oldest first, ``engine.parallel`` at once; see the
+    module docstring."""
 
     def __init__(self, engine: Any, max_queue: int, on_done: Callable[[Job], None] | None = None) -> None:
         self.engine = engine  # an Engine (or a test double with its chat/generate/detokenize)
         self.max_queue = max_queue
         self.on_done = on_done
+        self.parallel = int(getattr(engine, "parallel", 1))
         self._cv = threading.Condition()
         self._waiting: collections.deque[Job] = collections.deque()
-        self._running: Job | None = None
+        self._running: set[Job] = set()
         self._stopping = False
         self.served = 0
-        self.service_s = 1.0  # a moving average of how long a request holds the model (Retry-After)
-        self._thread = threading.Thread(target=self._loop, name="promptlookup-engine", daemon=True)
+        self.service_s = 1.0  # a moving average of how long a request holds a slot (Retry-After)
+        self._threads = [threading.Thread(target=self._loop, name=f"promptlookup-engine-{i}", daemon=True)
+                         for i in range(self.parallel)]
 
     def start(self) -> None:
-        self._thread.start()
+        for t in self._threads:
+            t.start()
 
     @property
     def waiting(self) -> int:
@@ -128,11 +134,11 @@ class Worker:
 
     @property
     def running(self) -> int:
-        return 0 if self._running is None else 1
+        return len(self._running)
 
     def retry_after(self) -> int:
         """Seconds a refused client might wait before trying again: the queue's expected drain time."""
-        return max(1, min(60, round(self.service_s * (self.waiting + self.running))))
+        return max(1, min(60, round(self.service_s * (self.waiting + self.running) / self.parallel)))
 
     def submit(self, job: Job) -> bool:
         """Queue ``job``; False when ``max_queue`` jobs wait already (or the server is stopping)."""
@@ -155,14 +161,16 @@ class Worker:
             self._stopping = True
             dropped = list(self._waiting)
             self._waiting.clear()
-            if self._running is not None:
-                self._running.cancel.set()
+            for job in self._running:
+                job.cancel.set()
             self._cv.notify_all()
         for job in dropped:
             job.cancel.set()
             job.emit(Event("error", status=503, type="server_error", message="the server is shutting down"))
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+        end = time.monotonic() + timeout
+        for t in self._threads:
+            if t.is_alive():
+                t.join(max(0.0, end - time.monotonic()))
 
     def _loop(self) -> None:
         while True:
@@ -171,13 +179,14 @@ class Worker:
                     self._cv.wait()
                 if self._stopping:
                     return
-                job = self._running = self._waiting.popleft()
+                job = self._waiting.popleft()
+                self._running.add(job)
             try:
                 if not job.cancel.is_set():
                     self._serve(job)
             finally:
                 with self._cv:
-                    self._running = None
+                    self._running.discard(job)
 
     def _serve(self, job: Job) -> None:
         now = time.monotonic()
@@ -216,8 +225,9 @@ class Worker:
             job.emit(Event("end"))
         if completed:
             took = time.monotonic() - now
-            self.service_s = 0.8 * self.service_s + 0.2 * took if self.served else took
-            self.served += 1
+            with self._cv:
+                self.service_s = 0.8 * self.service_s + 0.2 * took if self.served else took
+                self.served += 1
             if self.on_done is not None:
                 try:
                     self.on_done(job)

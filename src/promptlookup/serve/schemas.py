@@ -448,8 +448,9 @@ class ModelList(_Response):
 class Health(_Response):
     status: Literal["ok"]
     model: str
-    running: int = Field(description="requests generating now (0 or 1)")
-    waiting: int = Field(description="requests queued behind it")
+    parallel: int = Field(description="requests the server decodes together (--parallel)")
+    running: int = Field(description="requests generating now (0..parallel)")
+    waiting: int = Field(description="requests queued for a free slot")
     max_queue: int
     requests: int = Field(description="requests served since start")
 

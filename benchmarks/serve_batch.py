@@ -1,0 +1,191 @@
+"""Many users at once: OpenAI-compatible servers under 1, 4 and 16 concurrent streaming clients, side by
+side in one run (issue 24's benchmark; not run in CI).
+
+The workload: ``--requests`` (16) streaming chat requests per concurrency level, shared out among the
+clients (each client sends its share one after another), alternating two kinds: copy-heavy (rewrite a
+short Python file with one small edit: the answer copies the prompt, where prompt lookup pays) and
+prose (a short story about a thing: nothing to copy). ``--max-tokens`` 128, temperature 0.
+
+Rows (``--rows``, in that order; each server is started as a subprocess on a free 127.0.0.1 port,
+warmed up by one tiny untimed request, used for every level, and stopped):
+
+- ``ours``         ``promptlookup serve`` as shipped (continuous batching, ``--parallel`` default, auto)
+- ``ours-off``     the same, ``--speculate off``
+- ``ours-fifo``    ``--parallel 1``: one request at a time, as before continuous batching
+- ``ours-np16``    ``--parallel 16``
+- ``ls-np4`` / ``ls-np16``            llama-server ``-np 4`` / ``-np 16`` (continuous batching), plain
+- ``ls-np4-spec`` / ``ls-np16-spec``  the same with its n-gram drafting (``--spec-default``)
+- ``lcp``          llama-cpp-python's server (one request at a time)
+
+Per row and level: total generated tokens per second (all tokens over the level's wall time), time to
+first token and end-to-end latency, p50 and p95, errors. Every server gets the same threads and
+context per sequence (llama-server's ``-c`` is the total, split among its slots, so it gets
+``ctx * np``).
+
+    .venv/bin/python benchmarks/serve_batch.py -t 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve_session import RowSpec, Server, machine_line, parse_stream  # noqa: E402
+
+SNIPPET = '''def area(width, height):
+    """Area of a rectangle."""
+    return width * height
+
+
+def perimeter(width, height):
+    """Perimeter of a rectangle."""
+    return 2 * (width + height)
+
+
+def diagonal(width, height):
+    """Length of the diagonal of a rectangle."""
+    return (width ** 2 + height ** 2) ** 0.5
+'''
+EDITS = ["rename width to w", "rename height to h", "add type hints", "rename area to rect_area",
+         "rename perimeter to rect_perimeter", "make the docstrings end without a period",
+         "rename width to x", "rename height to y"]
+THINGS = ["lighthouse", "fox", "river", "clock", "garden", "train", "violin", "mountain"]
+ROWS = ("ours", "ours-off", "ours-fifo", "ours-np16", "ls-np4", "ls-np16", "ls-np4-spec", "ls-np16-spec",
+        "lcp")
+OUR_SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def request(i: int, max_tokens: int) -> dict:
+    """The ``i``-th request: even ones copy-heavy, odd ones prose."""
+    if i % 2 == 0:
+        edit = EDITS[(i // 2) % len(EDITS)]
+        text = f"Here is a Python file:\n\n```python\n{SNIPPET}```\n\nRewrite the whole file and {edit}."
+    else:
+        text = f"Write a short story about a {THINGS[(i // 2) % len(THINGS)]}."
+    return {"messages": [{"role": "user", "content": text}], "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
+
+
+def row_spec(key: str, args: argparse.Namespace) -> RowSpec:
+    model, t, ctx = str(args.model), str(args.threads), args.ctx
+    env = dict(os.environ)
+    ours_env = {**env, "PYTHONPATH": os.pathsep.join([str(OUR_SRC), *filter(None, [env.get("PYTHONPATH")])])}
+    ours = [sys.executable, "-m", "promptlookup", "serve", "-m", model, "-t", t, "-c", str(ctx),
+            "--max-queue", "256"]
+    if key == "ours":
+        return RowSpec(key, "promptlookup serve", ours, ours_env)
+    if key == "ours-off":
+        return RowSpec(key, "promptlookup serve --speculate off", [*ours, "--speculate", "off"], ours_env)
+    if key == "ours-fifo":
+        return RowSpec(key, "promptlookup serve --parallel 1", [*ours, "--parallel", "1"], ours_env)
+    if key == "ours-np16":
+        return RowSpec(key, "promptlookup serve --parallel 16", [*ours, "--parallel", "16"], ours_env)
+    if key.startswith("ls-"):
+        np_ = 16 if "np16" in key else 4
+        argv = [str(args.llama_server), "-m", model, "-t", t, "-tb", t, "-c", str(ctx * np_),
+                "-np", str(np_), "--host", "127.0.0.1"]
+        label = f"llama-server -np {np_}"
+        if key.endswith("-spec"):
+            argv.append("--spec-default")
+            label += " --spec-default"
+        return RowSpec(key, label, argv, env)
+    if key == "lcp":
+        argv = [sys.executable, "-m", "llama_cpp.server", "--model", model, "--n_ctx", str(ctx),
+                "--n_threads", t, "--n_threads_batch", t, "--host", "127.0.0.1", "--logits_all", "false"]
+        return RowSpec(key, "llama_cpp.server", argv, env, {"repeat_penalty": 1.0}, retokenize=True)
+    raise SystemExit(f"serve_batch: error: unknown row {key!r} (rows: {', '.join(ROWS)})")
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))] if xs else float("nan")
+
+
+def run_level(server: Server, spec: RowSpec, clients: int, args: argparse.Namespace) -> dict:
+    """``args.requests`` requests shared out among ``clients`` clients; the level's figures."""
+    model = server.model_id()
+    results: list = []
+
+    def client(c: int) -> None:
+        for i in range(c, args.requests, clients):
+            body = {**request(i, args.max_tokens), "model": model, **spec.extra_body}
+            try:
+                m = parse_stream(server.stream_chat(body, args.request_timeout))
+            except Exception as exc:  # noqa: BLE001 - a failed request is a row's error count
+                m = parse_stream([])
+                m.error = f"{type(exc).__name__}: {exc}"[:200]
+            if m.tokens is None and m.text and spec.retokenize:
+                try:
+                    r = server.post_json("/extras/tokenize/count", {"input": m.text})
+                    m.tokens = int(r["count"])
+                except Exception:  # noqa: BLE001
+                    pass
+            results.append(m)
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(client, range(clients)))
+    wall = time.perf_counter() - t0
+    ok = [m for m in results if not m.error]
+    tokens = sum(m.tokens or 0 for m in ok)
+    ttft = [m.ttft for m in ok if m.ttft is not None]
+    e2e = [m.wall for m in ok]
+    return {"tok_s": tokens / wall, "tokens": tokens, "wall": wall, "ttft50": pct(ttft, 0.5),
+            "ttft95": pct(ttft, 0.95), "e2e50": pct(e2e, 0.5), "e2e95": pct(e2e, 0.95),
+            "errors": len(results) - len(ok), "first_error": next((m.error for m in results if m.error), "")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("-m", "--model", help="GGUF (default: the bundled SmolLM2)")
+    p.add_argument("-t", "--threads", type=int, default=2)
+    p.add_argument("-c", "--ctx", type=int, default=2048, help="context per sequence (default 2048)")
+    p.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated (default all: {','.join(ROWS)})")
+    p.add_argument("--clients", default="1,4,16", help="concurrency levels (default 1,4,16)")
+    p.add_argument("--requests", type=int, default=16, help="requests per level (default 16)")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--request-timeout", type=float, default=600.0)
+    p.add_argument("--llama-server", help="llama-server binary (default: built by benchmarks/llama_tools.py)")
+    args = p.parse_args(argv)
+    if args.model is None:
+        from promptlookup.backends.models import bundled_model_path
+
+        args.model = bundled_model_path()
+    rows = [r.strip() for r in args.rows.split(",") if r.strip()]
+    levels = [int(x) for x in args.clients.split(",")]
+    if any(r.startswith("ls-") for r in rows) and args.llama_server is None:
+        import llama_tools
+
+        args.llama_server = llama_tools.ensure_server()
+    print(f"# serve_batch: {machine_line()}; -t {args.threads}, {args.requests} requests per level, "
+          f"{args.max_tokens} tokens, ctx {args.ctx} per sequence", flush=True)
+    print("| row | clients | tok/s | TTFT p50 | TTFT p95 | e2e p50 | e2e p95 | errors |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|", flush=True)
+    logdir = Path(tempfile.mkdtemp(prefix="serve_batch-"))
+    for key in rows:
+        spec = row_spec(key, args)
+        try:
+            with Server(spec, logdir / f"{key}.log", start_timeout=600) as server:
+                parse_stream(server.stream_chat({**request(1, 4), "model": server.model_id(),
+                                                 **spec.extra_body}, 120))  # warm-up, untimed
+                for clients in levels:
+                    r = run_level(server, spec, clients, args)
+                    print(f"| {spec.label} | {clients} | {r['tok_s']:.1f} | {r['ttft50']:.2f} | "
+                          f"{r['ttft95']:.2f} | {r['e2e50']:.2f} | {r['e2e95']:.2f} | {r['errors']} |",
+                          flush=True)
+                    if r["errors"]:
+                        print(f"<!-- {key} x{clients}: {r['first_error']} -->", flush=True)
+        except RuntimeError as exc:
+            print(f"| {spec.label} | - | failed to start: {exc} |||||| ", flush=True)
+    print(f"<!-- server logs: {logdir} -->")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""The slots of an engine: one per request it can run at once, each with its own decoder and sources.
+
+Why slots: a request's draft sources hold that request's state (its confirmed tokens, its match
+positions), so two requests running together need two of each; what they learn across requests (the
+suffix history, the caches) is shared by every slot's sources, and a lock (:class:`GuardedSource`)
+keeps one slot from reading the history while another adds a finished request to it. A new request
+takes the free slot whose cache shares the longest prefix with its prompt (a conversation re-sent
+with a new turn lands where its earlier turns are cached), else an empty one or the one idle longest.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from promptlookup.backends.base import Decoder, common_prefix
+from promptlookup.drafting.base import Draft, DraftSource, StepFeedback
+
+
+@dataclass(eq=False)
+class Slot:
+    """One request at a time: ``seq`` (its sequence in the backend), the decoder its loop runs on, its
+    sources by spec label, and whether its cache is known to hold ``decoder.tokens``."""
+
+    seq: int
+    decoder: Decoder
+    sources: dict[str, Any] = field(default_factory=dict)
+    cache_valid: bool = False
+    last_used: int = 0
+
+
+class SlotPool:
+    """Free slots handed out by prompt affinity; :meth:`acquire` waits while every slot is taken."""
+
+    def __init__(self, slots: Sequence[Slot]) -> None:
+        if not slots:
+            raise ValueError("a slot pool needs at least one slot")
+        self.slots = list(slots)
+        self._free = list(slots)
+        self._cv = threading.Condition()
+        self._tick = itertools.count(1)
+
+    @property
+    def size(self) -> int:
+        return len(self.slots)
+
+    @property
+    def busy(self) -> int:
+        return len(self.slots) - len(self._free)
+
+    def acquire(self, ids: Sequence[int], reuse_prefix: bool = True) -> tuple[Slot, int]:
+        """A free slot for prompt ``ids`` and how many of its cached positions the prompt can keep.
+
+        A slot *fits* when the prompt keeps at least half of what it caches (an empty slot always
+        does): a fitting slot that keeps the most wins, then the one idle longest. So a prompt that
+        shares only the chat template's opening with a slot goes to an empty slot instead of
+        overwriting a long cached prompt that a later request may re-send."""
+        with self._cv:
+            while not self._free:
+                self._cv.wait()
+            best, best_key, keep = None, None, 0
+            for slot in self._free:
+                cached = len(slot.decoder.tokens) if reuse_prefix and slot.cache_valid else 0
+                k = common_prefix(slot.decoder.tokens, ids) if cached else 0
+                key = (2 * k >= cached, k, -slot.last_used)
+                if best_key is None or key > best_key:
+                    best, best_key, keep = slot, key, k
+            assert best is not None
+            self._free.remove(best)
+            best.last_used = next(self._tick)
+            return best, keep
+
+    def release(self, slot: Slot) -> None:
+        with self._cv:
+            if slot not in self._free:
+                self._free.append(slot)
+            self._cv.notify()
+
+
+class GuardedSource:
+    """A slot's draft source, every call made under the lock of what all slots' sources share (the
+    suffix history, lookup's caches): one slot's commit never runs while another reads them."""
+
+    def __init__(self, source: DraftSource, lock: threading.RLock) -> None:
+        self.inner = source
+        self.name = source.name
+        self._lock = lock
+
+    def reset(self, prompt: Sequence[int]) -> None:
+        with self._lock:
+            self.inner.reset(prompt)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        with self._lock:
+            self.inner.extend(tokens)
+
+    def propose(self, k: int) -> Draft:
+        with self._lock:
+            return self.inner.propose(k)
+
+    def commit(self) -> None:
+        with self._lock:
+            self.inner.commit()
+
+    def feedback(self, step: StepFeedback) -> None:
+        with self._lock:
+            self.inner.feedback(step)
+
+    def report(self) -> dict | None:
+        from promptlookup.drafting.base import report_of
+
+        with self._lock:
+            return report_of(self.inner)

@@ -1,0 +1,139 @@
+"""Draft lengths priced per batch: each round, every sequence's draft cap is chosen to maximize the
+batch's expected confirmed tokens per second.
+
+Why per batch: a drafted token competes with every other sequence's tokens for the same forward. On a
+CPU one forward of ``T`` tokens costs about ``a + b*T``: alone, a sequence's draft rides on the fixed
+part ``a`` and pays; in a full batch the fixed part is already shared and each drafted token costs
+its full ``b``, so only drafts that are likely accepted still pay. Peers switch speculation off above
+a hand-set batch size; here the same arithmetic that makes a lone sequence draft makes a full batch
+stop, from two things measured as the server runs:
+
+- :class:`BatchCost`: seconds of one forward as a function of its total tokens (the backend's
+  measured single-sequence curve as prior, corrected per width bucket by the rounds' measured time);
+- each sequence's acceptance: per drafted token, the chance it is accepted given the ones before it
+  were (a geometric model: a draft of ``k`` tokens confirms ``(1 - p**(k+1)) / (1 - p)`` tokens on
+  average, its pending token included), from the sequence's own verifies, shrunk toward the pooled
+  rate of all sequences while it has few.
+
+:meth:`DraftPricing.caps` adds drafted tokens one at a time, each to the sequence where it is most
+likely accepted, and keeps the number of additions with the best expected tokens per second. With one
+sequence there is no cap: the source's own controller (``auto``) decides, as without batching.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from promptlookup.drafting.base import MAX_DRAFT
+
+#: forward widths (total tokens) whose cost is learned separately; a width uses the bucket at or below it
+BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+COST_ALPHA = 0.1  # weight of one measured round in its bucket's correction
+RATIO_RANGE = (0.25, 4.0)  # a round measured outside this ratio to the prior is clipped (a stall, a hog)
+HALF_LIFE = 32.0  # a sequence's verifies after which an outcome weighs half
+PRIOR_WEIGHT = 4.0  # pseudo-outcomes of the pooled rate in a sequence's estimate
+START_ACCEPT = 0.5  # the pooled rate before anything was measured
+MIN_GAIN = 1.0005  # an addition must raise the rate by this factor (ties go to fewer tokens)
+_DECAY = 0.5 ** (1.0 / HALF_LIFE)
+
+
+class BatchCost:
+    """Seconds of one forward of ``tokens`` tokens: ``prior(tokens)`` (the single-sequence cost curve)
+    times what measured rounds of that width said of it."""
+
+    def __init__(self, prior: Callable[[int], float]) -> None:
+        self.prior = prior
+        self.ratio = [1.0] * len(BUCKETS)
+        self.rounds = [0] * len(BUCKETS)
+
+    @staticmethod
+    def bucket(tokens: int) -> int:
+        return max(0, bisect.bisect_right(BUCKETS, tokens) - 1)
+
+    def seconds(self, tokens: int) -> float:
+        return self.prior(max(1, tokens)) * self.ratio[self.bucket(tokens)]
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """A round of ``tokens`` tokens took ``seconds``."""
+        if tokens < 1 or not seconds > 0:
+            return
+        i = self.bucket(tokens)
+        lo, hi = RATIO_RANGE
+        r = min(max(seconds / self.prior(tokens), lo), hi)
+        self.ratio[i] = r if self.rounds[i] == 0 else self.ratio[i] + COST_ALPHA * (r - self.ratio[i])
+        self.rounds[i] += 1
+
+
+@dataclass
+class Acceptance:
+    """Decayed counts of one sequence's drafted tokens: accepted ones, and drafts that ended in a
+    rejection (a draft accepted whole ends in none)."""
+
+    hits: float = 0.0
+    misses: float = 0.0
+
+    def add(self, drafted: int, accepted: int) -> None:
+        self.hits = self.hits * _DECAY + accepted
+        self.misses = self.misses * _DECAY + (1 if accepted < drafted else 0)
+
+    def rate(self, prior: float) -> float:
+        return (self.hits + PRIOR_WEIGHT * prior) / (self.hits + self.misses + PRIOR_WEIGHT)
+
+
+def expected_confirmed(p: float, k: int) -> float:
+    """Tokens a verify feeding a ``k``-token draft confirms on average, at per-token acceptance ``p``."""
+    return sum(p**j for j in range(k + 1))
+
+
+class DraftPricing:
+    """Per round, the draft cap of every running sequence; see the module docstring."""
+
+    def __init__(self, cost: BatchCost, max_draft: int = MAX_DRAFT) -> None:
+        self.cost = cost
+        self.max_draft = max_draft
+        self.seqs: dict[int, Acceptance] = {}
+        self.pooled = Acceptance()
+
+    def start(self, seq: int) -> None:
+        """A new request on ``seq``: its estimate starts from the pooled rate."""
+        self.seqs[seq] = Acceptance()
+
+    def observe(self, seq: int, drafted: int, accepted: int) -> None:
+        """A verify of ``seq`` fed a ``drafted``-token draft and accepted ``accepted`` of it."""
+        if drafted <= 0:
+            return
+        self.seqs.setdefault(seq, Acceptance()).add(drafted, accepted)
+        self.pooled.add(drafted, accepted)
+
+    def rate(self, seq: int) -> float:
+        prior = self.pooled.rate(START_ACCEPT)
+        own = self.seqs.get(seq)
+        return prior if own is None else own.rate(prior)
+
+    def caps(self, seqs: Sequence[int]) -> dict[int, int]:
+        """The draft cap of each of ``seqs`` (the sequences with a request running) for the next round."""
+        if len(seqs) <= 1:
+            return {s: self.max_draft for s in seqs}
+        p = {s: min(self.rate(s), 0.999) for s in seqs}
+        caps = dict.fromkeys(seqs, 0)
+        tokens = len(seqs)  # every sequence feeds its pending token
+        expected = float(len(seqs))
+        best_rate = expected / self.cost.seconds(tokens)
+        best = dict(caps)
+        # the next drafted token of each sequence, most likely accepted first
+        heap = [(-p[s], s) for s in seqs]
+        heapq.heapify(heap)
+        while heap:
+            neg_gain, s = heapq.heappop(heap)
+            caps[s] += 1
+            tokens += 1
+            expected += -neg_gain
+            rate = expected / self.cost.seconds(tokens)
+            if rate > best_rate * MIN_GAIN:
+                best_rate, best = rate, dict(caps)
+            if caps[s] < self.max_draft:
+                heapq.heappush(heap, (neg_gain * p[s], s))
+        return best

@@ -1,0 +1,261 @@
+"""The rounds of continuous batching: every running sequence's next decode, in one forward.
+
+How a round forms: each request runs its own speculative loop on its own thread, against a
+:class:`SlotDecoder`. A decode call (a prompt chunk, a verify) hands its part to the
+:class:`Scheduler` and waits. A sequence is *busy* while its thread computes (drafting, sampling,
+text) and stops being busy when it waits for a round, when its request hands a chunk to its consumer
+(:meth:`Scheduler.park`), or when the request ends. The round starts as soon as no sequence is busy:
+every running sequence that has something to decode is in it, and nobody waits for a consumer that
+is slow to read. The thread whose part completes the round runs the forward (``decode_many``) and
+hands every part its result; a new request joins at the next round.
+
+Prompts are split into chunks of at most ``prefill_chunk`` tokens, one chunk per round, so a long
+prompt costs the running sequences one chunk's time per round instead of the whole prompt's.
+
+A part the backend refuses (a context overflow, a bad token) fails alone: when a forward is refused,
+each of its parts is decoded alone, so only the part at fault gets the error.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from promptlookup.backends.base import BackendError, BatchDecoder, SeqDecode, check_keep
+from promptlookup.batching.pricing import BatchCost, DraftPricing
+from promptlookup.sampling import Sampler
+
+DEFAULT_PREFILL_CHUNK = 128  # prompt tokens per round: about 4 one-token decodes of the bundled model
+
+
+@dataclass(eq=False)
+class _Ticket:
+    part: SeqDecode
+    result: list[int] | None = None
+    error: BaseException | None = None
+    done: bool = False
+
+
+@dataclass
+class RoundStats:
+    """What the rounds did so far (for reports, tests and the benchmark)."""
+
+    rounds: int = 0
+    parts: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    widths: list[int] = field(default_factory=list)  # parts per round, the last 1024 rounds
+
+    def add(self, parts: int, tokens: int, seconds: float) -> None:
+        self.rounds += 1
+        self.parts += parts
+        self.tokens += tokens
+        self.seconds += seconds
+        self.widths.append(parts)
+        if len(self.widths) > 1024:
+            del self.widths[:512]
+
+
+class Scheduler:
+    """Rounds over one :class:`~promptlookup.backends.base.BatchDecoder`; see the module docstring.
+
+    ``cost``: seconds of a forward of ``n`` tokens (the backend's cost curve), the prior of the
+    batch pricing; None: drafts are never capped. ``clock`` times the rounds (injected by tests)."""
+
+    def __init__(self, backend: BatchDecoder, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+                 cost: Callable[[int], float] | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be at least 1, got {prefill_chunk}")
+        self.backend = backend
+        self.prefill_chunk = min(prefill_chunk, backend.n_batch)
+        self.pricing = DraftPricing(BatchCost(cost)) if cost is not None else None
+        self.clock = clock
+        self.stats = RoundStats()
+        self._cv = threading.Condition()
+        self._running: set[int] = set()  # sequences with a request in progress
+        self._busy: set[int] = set()  # ... whose thread is computing (a round waits for these)
+        self._pending: dict[int, _Ticket] = {}
+        self._leading = False
+        self._caps: dict[int, int] = {}
+        self._caps_round = -1
+
+    # -- a request's life on a sequence ---------------------------------------------------------
+    def open(self, seq: int) -> None:
+        """A request starts on ``seq`` (its thread is busy from now on)."""
+        if not 0 <= seq < self.backend.n_seq:
+            raise BackendError(f"sequence {seq} is outside 0..{self.backend.n_seq - 1}")
+        with self._cv:
+            if seq in self._running:
+                raise BackendError(f"sequence {seq} already runs a request")
+            self._running.add(seq)
+            self._busy.add(seq)
+            if self.pricing is not None:
+                self.pricing.start(seq)
+
+    def close(self, seq: int) -> None:
+        """The request on ``seq`` ended: the rounds stop waiting for it."""
+        with self._cv:
+            self._running.discard(seq)
+            self._busy.discard(seq)
+            self._pending.pop(seq, None)
+            self._cv.notify_all()
+
+    def park(self, seq: int) -> None:
+        """``seq``'s thread leaves the engine for a while (a chunk handed to its consumer)."""
+        with self._cv:
+            self._busy.discard(seq)
+            self._cv.notify_all()
+
+    def unpark(self, seq: int) -> None:
+        with self._cv:
+            if seq in self._running:
+                self._busy.add(seq)
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    # -- decoding ---------------------------------------------------------------------------------
+    def decode(self, part: SeqDecode) -> list[int]:
+        """``part`` decoded in the next round (called by its sequence's thread; blocks until done)."""
+        ticket = _Ticket(part)
+        with self._cv:
+            if part.seq not in self._running:
+                raise BackendError(f"sequence {part.seq} has no request running (open it first)")
+            if part.seq in self._pending:
+                raise BackendError(f"sequence {part.seq} already waits for a round")
+            self._pending[part.seq] = ticket
+            self._busy.discard(part.seq)
+            while not ticket.done:
+                if not self._leading and not self._busy and self._pending:
+                    self._lead()
+                else:
+                    self._cv.wait()
+        if ticket.error is not None:
+            raise ticket.error
+        assert ticket.result is not None
+        return ticket.result
+
+    def _lead(self) -> None:
+        """Run one round over every pending part (called with the lock held; releases it meanwhile)."""
+        tickets = list(self._pending.values())
+        self._pending.clear()
+        self._leading = True
+        self._cv.release()
+        try:
+            self._forward(tickets)
+        finally:
+            self._cv.acquire()
+            self._leading = False
+            for t in tickets:
+                t.done = True
+                if t.part.seq in self._running:  # busy from now: the next round waits for its thread
+                    self._busy.add(t.part.seq)
+            self._cv.notify_all()
+
+    def _forward(self, tickets: list[_Ticket]) -> None:
+        parts = [t.part for t in tickets]
+        t0 = self.clock()
+        try:
+            results = self.backend.decode_many(parts)
+        except BackendError:
+            if len(tickets) == 1:
+                tickets[0].error = _current_error()
+                return
+            for t in tickets:  # the forward was refused whole: find the part at fault
+                try:
+                    t.result = self.backend.decode_many([t.part])[0]
+                except BackendError as exc:
+                    t.error = exc
+            return
+        except BaseException as exc:  # an unexpected failure reaches every part's request
+            for t in tickets:
+                t.error = exc
+            return
+        seconds = self.clock() - t0
+        tokens = sum(len(p.ids) for p in parts)
+        self.stats.add(len(parts), tokens, seconds)
+        for t, r in zip(tickets, results, strict=True):
+            t.result = r
+        if self.pricing is not None:
+            self.pricing.cost.observe(tokens, seconds)
+            for p, r in zip(parts, results, strict=True):
+                drafted = len(p.ids) - 1
+                if p.want == "all" and drafted > 0:
+                    accepted = 0
+                    while accepted < drafted and accepted < len(r) and r[accepted] == p.ids[accepted + 1]:
+                        accepted += 1
+                    self.pricing.observe(p.seq, drafted, accepted)
+
+    def rollback(self, seq: int, n_keep: int) -> None:
+        """Drop ``seq``'s cached positions from ``n_keep`` on, never while a round runs (rounds run
+        with the lock released: this waits for the one in progress, and none starts meanwhile)."""
+        with self._cv:
+            while self._leading:
+                self._cv.wait()
+            self.backend.seq_rollback(seq, n_keep)
+
+    def draft_cap(self, seq: int) -> int | None:
+        """How many tokens ``seq`` may draft for the next round (None: no cap, one request running)."""
+        if self.pricing is None:
+            return None
+        with self._cv:
+            if len(self._running) <= 1:
+                return None
+            if self._caps_round != self.stats.rounds or seq not in self._caps:
+                self._caps = self.pricing.caps(sorted(self._running))
+                self._caps_round = self.stats.rounds
+            return self._caps.get(seq, 0)
+
+
+def _current_error() -> BaseException:
+    import sys
+
+    exc = sys.exc_info()[1]
+    assert exc is not None
+    return exc
+
+
+class SlotDecoder:
+    """The :class:`~promptlookup.backends.base.Decoder` of one sequence of a batched backend: what a
+    request's speculative loop runs on. Every decode and rollback goes through the scheduler, so
+    nothing touches the backend while a round runs."""
+
+    def __init__(self, scheduler: Scheduler, seq: int) -> None:
+        self.scheduler = scheduler
+        self.seq = seq
+        self.backend = scheduler.backend
+        self.n_ctx = int(self.backend.n_ctx)
+
+    @property
+    def n_past(self) -> int:
+        return len(self.backend.seq_tokens(self.seq))
+
+    @property
+    def tokens(self) -> list[int]:
+        return list(self.backend.seq_tokens(self.seq))
+
+    def is_eog(self, token: int) -> bool:
+        return self.backend.is_eog(token)
+
+    def prefill(self, ids: Sequence[int], sampler: Sampler | None = None, keep: int = 0) -> int:
+        check_keep(self.backend.seq_tokens(self.seq), ids, keep)
+        self.rollback(keep)
+        chunk = self.scheduler.prefill_chunk
+        rest = list(ids[keep:])
+        while len(rest) > chunk:
+            self.scheduler.decode(SeqDecode(self.seq, rest[:chunk], "none", sampler))
+            rest = rest[chunk:]
+        return self.scheduler.decode(SeqDecode(self.seq, rest, "last", sampler))[-1]
+
+    def verify(self, ids: Sequence[int], sampler: Sampler | None = None) -> list[int]:
+        return self.scheduler.decode(SeqDecode(self.seq, list(ids), "all", sampler))
+
+    def rollback(self, n_keep: int) -> None:
+        self.scheduler.rollback(self.seq, n_keep)
+
+    def draft_cap(self) -> int | None:
+        return self.scheduler.draft_cap(self.seq)

