@@ -13,7 +13,9 @@ verified position, so this is where speculation and tool calling meet. The sessi
 Each turn sends the whole conversation again (as an agent does), on one engine per setting (its
 prefix cache and suffix history live across the turns, as on a server; a one-token request first
 builds the grammar's vocabulary view, which is per engine, not per request). Greedy: every setting must
-write the same tokens as ``off`` (column ``same``). Times are medians over ``--repeat`` sessions,
+write the same tokens as ``off`` (column ``same``). ``prefill s`` is the prompt's new part (the tool
+results land there), ``generation s`` the decodes and drafting after it (the engine's counters).
+Times are medians over ``--repeat`` sessions,
 each on a fresh engine; compare settings within one run, on a quiet machine (``uptime`` load < 1.5).
 
 The model: by default the bundled SmolLM2 with the Hermes tool template of ``tests/tool_gguf.py``
@@ -91,6 +93,7 @@ def session(engine, speculate: str) -> list[dict]:
                         speculate=speculate)
         took = time.perf_counter() - t0
         out.append({"s": took, "tokens": len(c.tokens), "decodes": c.counters.decodes,
+                    "prefill": c.counters.prefill_s, "decode": c.counters.decode_s + c.counters.draft_s,
                     "reply": (c.text, [(x.name, x.arguments) for x in c.tool_calls or ()])})
         if i < len(results):
             if not c.tool_calls:
@@ -128,23 +131,28 @@ def main() -> None:
         for turn in base:
             print(json.dumps(turn["reply"], ensure_ascii=False))
     print(f"model {model.name}, {args.threads} thread(s), median of {args.repeat} sessions\n")
-    print("| speculate | turn | tokens | decodes | seconds | tokens/s | same as first |")
-    print("|---|---|---|---|---|---|---|")
-    totals = {}
+    print("| speculate | turn | tokens | decodes | prefill s | generation s | seconds | same as first |")
+    print("|---|---|---|---|---|---|---|---|")
+    totals: dict[str, float] = {}
+    gen_total: dict[str, float] = {}
     for speculate, sessions in runs.items():
         total = 0.0
         for i, turn in enumerate(sessions[0]):
             s = statistics.median(run[i]["s"] for run in sessions)
             total += s
             same = all(run[i]["reply"] == base[i]["reply"] for run in sessions) if i < len(base) else False
-            print(f"| {speculate} | {i + 1} | {turn['tokens']} | {turn['decodes']} | {s:.3f} | "
-                  f"{turn['tokens'] / s:.1f} | {'yes' if same else 'NO'} |")
+            prefill = statistics.median(run[i]["prefill"] for run in sessions)
+            gen = statistics.median(run[i]["decode"] for run in sessions)
+            gen_total[speculate] = gen_total.get(speculate, 0.0) + gen
+            print(f"| {speculate} | {i + 1} | {turn['tokens']} | {turn['decodes']} | {prefill:.3f} | "
+                  f"{gen:.3f} | {s:.3f} | {'yes' if same else 'NO'} |")
         totals[speculate] = total
-    first = next(iter(totals.values()))
-    print("\n| speculate | session seconds | speed-up |")
-    print("|---|---|---|")
+    first, first_gen = next(iter(totals.values())), next(iter(gen_total.values()))
+    print("\n| speculate | session seconds | speed-up | generation seconds | speed-up |")
+    print("|---|---|---|---|---|")
     for speculate, total in totals.items():
-        print(f"| {speculate} | {total:.3f} | {first / total:.2f}x |")
+        gen = gen_total[speculate]
+        print(f"| {speculate} | {total:.3f} | {first / total:.2f}x | {gen:.3f} | {first_gen / gen:.2f}x |")
 
 
 if __name__ == "__main__":

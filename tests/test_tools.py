@@ -205,15 +205,19 @@ def test_llama3_style_forced_call():
     assert [(x.name, x.arguments) for x in c.tool_calls] == [("read_file", '{"path": "vmgmeychzn"}')]
 
 
-def test_auto_free_text_is_content_and_none_leaves_tools_out():
+def test_auto_free_text_is_content_and_none_shows_the_tools_but_never_parses():
     model = ToolByteModel(window=2)
     engine = Engine.from_backend(model, speculate="off")
     auto = engine.chat(USER, tools=TOOLS, max_tokens=12, temperature=0)
     assert (auto.tool_calls, auto.finish_reason, len(auto.text)) == (None, "length", 12)
     assert "tools:" in model.rendered[0]
     none = engine.chat(USER, tools=TOOLS, tool_choice="none", max_tokens=12, temperature=0)
-    assert "tools:" not in model.rendered[-1]
-    assert (none.tool_calls, none.finish_reason) == (None, "length")
+    assert "tools:" in model.rendered[-1]  # the same prompt as auto's: its cached prefix is reused
+    assert (none.tool_calls, none.finish_reason, none.text) == (None, "length", auto.text)
+    assert none.cached_tokens == none.prompt_tokens - 1
+    # a template without tool support: none answers without them (nothing to refuse)
+    plain = Engine.from_backend(ByteModel(window=2), speculate="off")
+    assert plain.chat(USER, tools=TOOLS, tool_choice="none", max_tokens=3).finish_reason == "length"
     with pytest.raises(RequestError, match="chat") as err:
         engine.generate("x", tools=TOOLS, max_tokens=3)
     assert err.value.param == "tools"

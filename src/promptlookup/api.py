@@ -311,8 +311,12 @@ class Engine:
         where a call may begin; the last chunk's completion carries the calls."""
         opts = _options(options, fields)
         choice = opts.tool_choice
-        if choice.mode == "none":  # the tools stay out of the prompt and the reply is text
-            return self._start(self.chat_ids(messages), opts.replace(tools=None, tool_choice=None), stream)
+        if choice.mode == "none":
+            # the reply is text, never parsed; the tools are still shown where the template can show
+            # them, so an agent's prompt (and the cached prefix it reuses) is the same on every turn
+            shown = opts.tools if supports_tools(template_of(self.backend)) else None
+            return self._start(self.chat_ids(messages, shown), opts.replace(tools=None, tool_choice=None),
+                               stream)
         fmt = format_for(self.backend)
         tools = list(opts.tools or ())
         ids = self.chat_ids(messages, tools)

@@ -523,14 +523,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     engine = Engine(args.model, getattr(args, "backend", "llama.cpp"), threads=args.threads,
                     n_ctx=args.ctx_size, speculate=spec, history=history, history_budget=budget)
     backend = engine.backend
-    calling = opts.tool_choice.mode != "none"
     messages = one_turn(text, system)
-    ids = (engine.chat_ids(messages, opts.tools if calling else None) if args.chat
-           else engine.tokenize(text))
+    ids = None if opts.tools else engine.chat_ids(messages) if args.chat else engine.tokenize(text)
 
     def run(stream: bool):  # with tools, the engine renders and parses them (chat); else the ids
-        return engine.chat(messages, opts, stream=stream) if calling else engine.generate(ids, opts,
-                                                                                           stream=stream)
+        if ids is None:
+            return engine.chat(messages, opts, stream=stream)
+        return engine.generate(ids, opts, stream=stream)
 
     if args.json:
         result = run(False)
@@ -543,11 +542,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         for call in result.tool_calls or ():  # one JSON line per call, OpenAI's tool_calls entries
             print(json.dumps(call.as_openai(), ensure_ascii=False))
     engine.save_history()  # the history file the flags name: this run added to it
-    _print_generation(args, backend, ids, result, opts, report_of(engine.source_for(spec)))
+    _print_generation(args, backend, result, opts, report_of(engine.source_for(spec)))
     return 0
 
 
-def _print_generation(args: argparse.Namespace, backend: Model, ids: list[int], result, opts, report) -> None:
+def _print_generation(args: argparse.Namespace, backend: Model, result, opts, report) -> None:
     """The output: JSON, or the report after the streamed text; ``--csv`` appends a row."""
     c = result.counters
     if args.csv:
@@ -557,7 +556,7 @@ def _print_generation(args: argparse.Namespace, backend: Model, ids: list[int], 
     if args.json:
         obj = {
             "model": str(backend.model_path), "threads": backend.n_threads,
-            "prompt_tokens": len(ids), "tokens": result.tokens, "text": result.text,
+            "prompt_tokens": result.prompt_tokens, "tokens": result.tokens, "text": result.text,
             "stopped_by": result.stopped_by, "finish_reason": result.finish_reason,
             "tool_calls": [t.as_openai() for t in result.tool_calls] if result.tool_calls else None,
             "counters": c.as_dict(),

@@ -21,8 +21,10 @@ does not parse as calls is its text (finish reason "stop"), never an error. ``re
 named function are forced by a grammar (:meth:`ToolFormat.grammar`): the format's wrapper around a
 JSON schema of ``{name, arguments}`` per allowed tool, so the one call the model makes always parses
 and its arguments match the tool's ``parameters``; it is a token mask like ``response_format``
-(:mod:`promptlookup.grammar`), exact under speculation for the same reasons. ``none`` leaves the
-tools out of the prompt entirely (a small model shown tools tends to call them anyway).
+(:mod:`promptlookup.grammar`), exact under speculation for the same reasons. ``none`` still shows
+the tools (as vLLM does by default: an agent's prompt, and the prefix cache it reuses, stays the same
+from turn to turn) and returns the reply as text, never parsed; on a template without tool support
+it leaves them out instead of refusing.
 """
 
 from __future__ import annotations
