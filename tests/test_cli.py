@@ -310,3 +310,47 @@ def test_json_schema_constrains_the_output(capsys, tmp_path):
     assert texts[0] == texts[1]
     obj = json.loads(texts[0])
     assert set(obj) == {"name", "path"} and obj["name"] in ("read_file", "edit_file")
+
+
+TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {
+    "type": "object", "properties": {"path": {"type": "string", "maxLength": 40}}, "required": ["path"],
+    "additionalProperties": False}}}]
+
+
+def test_tool_flags_problems_are_one_line(capsys, tmp_path):
+    path = tmp_path / "tools.json"
+    path.write_text(json.dumps(TOOLS))
+    code, _, err = run_main(capsys, "generate", "-p", "hi", "--tools", str(path))
+    assert code == 2 and "need --chat" in err and err.count("\n") == 1
+    code, _, err = run_main(capsys, "generate", "--chat", "-p", "hi", "--tools", str(tmp_path / "none.json"))
+    assert code == 2 and "--tools" in err and "No such file" in err
+    code, _, err = run_main(capsys, "generate", "--chat", "-p", "hi", "--tools", str(path),
+                            "--tool-choice", "write_file")
+    assert code == 2 and "no tool is named 'write_file'" in err and "Traceback" not in err
+
+
+@pytest.mark.model
+@requires_model
+def test_tools_on_the_command_line(capsys, tmp_path):
+    from tool_gguf import hermes_gguf
+
+    path = tmp_path / "tools.json"
+    path.write_text(json.dumps({"tools": TOOLS}))
+    prompt = ["generate", "--chat", "-p", "Open README.md.", "--tools", str(path), "-n", "60", "-t", "1"]
+    code, _, err = run_main(capsys, *prompt, "--tool-choice", "required")  # SmolLM2's own template
+    assert code == 2 and "no tool support" in err
+    calls = []
+    for speculate in (["--speculate", "off"], ["--ngram"]):
+        code, out, _ = run_main(capsys, *prompt, "-m", str(hermes_gguf()), "--tool-choice", "read_file",
+                                "--json", *speculate)
+        assert code == 0
+        obj = json.loads(out)
+        assert (obj["finish_reason"], obj["text"]) == ("tool_calls", "")
+        calls.append([(c["function"]["name"], c["function"]["arguments"]) for c in obj["tool_calls"]])
+    assert calls == [[("read_file", '{"path": "data.json.json"}')]] * 2  # greedy, 1 thread
+    code, out, _ = run_main(capsys, *prompt, "-m", str(hermes_gguf()), "--tool-choice", "required")
+    lines = out.splitlines()
+    assert code == 0 and lines[0] == ""
+    call = json.loads(lines[1])
+    assert (call["type"], call["function"]) == ("function", {"name": "read_file",
+                                                             "arguments": '{"path": "data.json.json"}'})

@@ -42,7 +42,7 @@ def _error(r: httpx.Response, status: int, param: str | None = "any") -> dict:
     ({"messages": OK_MESSAGES, "stream": 1}, "stream", "valid boolean"),
     ({"messages": "hi"}, "messages", "valid list"),
     ({"messages": []}, "messages", "at least 1"),
-    ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.role", "tool's result"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.role", "no tool support"),
     ({"messages": [{"role": "robot", "content": "x"}]}, "messages.0", "does not match any of the expected"),
     ({"messages": [{"role": "user"}]}, "messages.0.content", "Field required"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},

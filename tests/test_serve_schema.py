@@ -62,12 +62,33 @@ def _small(body, positive: bool):
 
 def test_schemathesis_finds_no_5xx_and_no_schema_violation(llama_server):
     url = llama_server.url
-    schema = schemathesis.openapi.from_url(url + "/openapi.json")
-    chosen = [getattr(checks, name) for name in CHECKS]
-    operations = [result.ok() for result in schema.get_all_operations()]
+    operations = _operations(url)
     labels = {op.label for op in operations}
     assert {"POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models", "GET /health",
             "GET /metrics"} <= labels
+    assert _fuzz(url, operations) >= 60
+    import httpx
+
+    assert httpx.get(url + "/health", timeout=30).status_code == 200
+
+
+def test_schemathesis_on_a_tool_template_finds_no_5xx(tool_server):
+    """The chat route again, on a model whose template supports tools: random tools, tool_choice,
+    tool calls and tool results reach the template, the grammar and the parser."""
+    url = tool_server.url
+    chat = [op for op in _operations(url) if op.label == "POST /v1/chat/completions"]
+    assert len(chat) == 1
+    assert _fuzz(url, chat) == 40
+
+
+def _operations(url: str) -> list:
+    schema = schemathesis.openapi.from_url(url + "/openapi.json")
+    return [result.ok() for result in schema.get_all_operations()]
+
+
+def _fuzz(url: str, operations: list) -> int:
+    """Run the bounded positive and negative examples of ``operations``; the number of calls made."""
+    chosen = [getattr(checks, name) for name in CHECKS]
     calls = {"n": 0}
 
     def fuzz(op, mode, n: int) -> None:
@@ -86,7 +107,4 @@ def test_schemathesis_finds_no_5xx_and_no_schema_violation(llama_server):
             if mode is GenerationMode.NEGATIVE and op.method.upper() == "GET":
                 continue  # no parameters to break
             fuzz(op, mode, n)
-    assert calls["n"] >= 60
-    import httpx
-
-    assert httpx.get(url + "/health", timeout=30).status_code == 200
+    return calls["n"]

@@ -24,6 +24,7 @@ under sampling each position's random number depends only on (seed, position).
 
 from __future__ import annotations
 
+import json
 import numbers
 import threading
 import time
@@ -46,11 +47,12 @@ from promptlookup.sampling import Sampler, TokenLogprob
 from promptlookup.speculate import steps
 from promptlookup.telemetry import Counters
 from promptlookup.textout import TextTracker
+from promptlookup.tools import ToolCall, ToolFormat, format_for, supports_tools, template_of
 
 # What speculation does when nobody says: the best setting we measured (docs/results.md).
 DEFAULT_SPECULATE = "auto"
 MAX_PARALLEL = 64  # requests one engine runs at once
-ROLES = ("system", "developer", "user", "assistant")  # "developer" is OpenAI's newer name for system
+ROLES = ("system", "developer", "user", "assistant", "tool")  # "developer": OpenAI's newer name for system
 __all__ = ["DEFAULT_SPECULATE", "MAX_STOPS", "MAX_STOP_CHARS", "ROLES", "Chunk", "Completion", "Engine",
            "Options", "RequestError", "RequestOptions", "check_messages", "load_backend"]
 
@@ -70,6 +72,9 @@ class Completion:
     stop: str | None = None  # the stop string that ended the text
     logprobs: list[TokenLogprob] | None = None  # one per token in ``tokens`` when asked for
     source_choices: dict[str, int] = field(default_factory=dict)  # auto: steps drafted by each source
+    # the calls parsed from the reply when the request had tools (``text`` is then the content before
+    # them, often empty, and ``finish_reason`` "tool_calls"); None: no call
+    tool_calls: list[ToolCall] | None = None
 
     @property
     def cached_tokens(self) -> int:
@@ -262,12 +267,24 @@ class Engine:
     def detokenize(self, ids: Sequence[int]) -> str:
         return self.backend.detokenize(list(ids))
 
-    def chat_ids(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    def chat_ids(self, messages: Sequence[Mapping[str, Any]],
+                 tools: Sequence[Any] | None = None) -> list[int]:
         """A conversation as prompt ids through the model's own chat template; message content is
-        always text, never control tokens."""
+        always text, never control tokens. ``tools`` (checked :class:`~promptlookup.tools.Tool` s or
+        OpenAI's tool objects) are shown to the model by its template; tool results and assistant tool
+        calls in ``messages`` need a template with tool support (else a 400 naming the message)."""
         from promptlookup.chat import messages_tokens
 
-        return messages_tokens(self.backend, check_messages(messages))
+        checked = check_messages(messages)
+        if not supports_tools(template_of(self.backend)):
+            for i, m in enumerate(checked):
+                if m["role"] == "tool" or m.get("tool_calls"):
+                    field = "role" if m["role"] == "tool" else "tool_calls"
+                    raise RequestError(f"messages[{i}].{field}: this model's chat template has no tool "
+                                       "support, so it cannot show tool calls or results to the model",
+                                       f"messages.{i}.{field}")
+        rendered = [t.for_template() if hasattr(t, "for_template") else dict(t) for t in tools or ()]
+        return messages_tokens(self.backend, checked, rendered or None)
 
     # -- generation ---------------------------------------------------------------------------
     def generate(self, prompt: str | Sequence[int], options: RequestOptions | None = None, *,
@@ -277,14 +294,36 @@ class Engine:
         or both (the keywords replace the options' values). Returns a :class:`Completion`, or with
         ``stream=True`` an iterator of :class:`Chunk` whose last one carries it."""
         opts = _options(options, fields)
+        if opts.tool_choice.mode != "none":
+            raise RequestError("tools need a chat (messages through the model's template): use chat()",
+                               "tools")
         ids = self.tokenize(prompt) if isinstance(prompt, str) else self._check_ids(prompt)
         return self._start(ids, opts, stream)
 
     def chat(self, messages: Sequence[Mapping[str, Any]], options: RequestOptions | None = None, *,
              stream: bool = False, **fields: Any) -> Completion | Iterator[Chunk]:
-        """The assistant's next turn after ``messages`` (system/user/assistant, as OpenAI's)."""
+        """The assistant's next turn after ``messages`` (system/user/assistant/tool, as OpenAI's).
+
+        With ``tools=[...]`` (OpenAI's function tools) the model's template shows them to the model
+        and its reply is parsed into :attr:`Completion.tool_calls`; ``tool_choice`` is ``"auto"``
+        (the default), ``"none"``, ``"required"`` or ``{"type": "function", "function": {"name":
+        ...}}``, the last two forced by a grammar (docs/agents.md). A stream holds back the text from
+        where a call may begin; the last chunk's completion carries the calls."""
         opts = _options(options, fields)
-        return self._start(self.chat_ids(messages), opts, stream)
+        choice = opts.tool_choice
+        if choice.mode == "none":
+            # the reply is text, never parsed; the tools are still shown where the template can show
+            # them, so an agent's prompt (and the cached prefix it reuses) is the same on every turn
+            shown = opts.tools if supports_tools(template_of(self.backend)) else None
+            return self._start(self.chat_ids(messages, shown), opts.replace(tools=None, tool_choice=None),
+                               stream)
+        fmt = format_for(self.backend)
+        tools = list(opts.tools or ())
+        ids = self.chat_ids(messages, tools)
+        grammar = fmt.grammar(tools, choice) if choice.forced else None
+        run = opts.replace(tools=None, tool_choice=None, response_format=grammar)
+        chunks = _tool_chunks(self._start(ids, run, True), fmt, tools)  # type: ignore[arg-type]
+        return chunks if stream else _last(chunks)
 
     def _check_ids(self, prompt: Sequence[int]) -> list[int]:
         ids = []
@@ -433,9 +472,11 @@ class Engine:
         self.close()
 
 
-def check_messages(messages: Any) -> list[dict[str, str]]:
-    """OpenAI-style chat messages as plain role/content pairs; text parts are joined, anything else
-    (images, tool calls) is refused with the message's index."""
+def check_messages(messages: Any) -> list[dict[str, Any]]:
+    """OpenAI-style chat messages as the plain dicts chat templates read: role and text content
+    (text parts joined); an assistant's ``tool_calls`` with their arguments decoded to objects (as
+    Hugging Face's templates expect); a tool result's ``tool_call_id`` and ``name``. Anything else
+    (images, the legacy ``function`` role) is refused with the message's index."""
     if not isinstance(messages, Sequence) or isinstance(messages, str) or not messages:
         raise RequestError("messages must be a non-empty list of {role, content} objects", "messages")
     out = []
@@ -455,15 +496,104 @@ def check_messages(messages: Any) -> list[dict[str, str]]:
                                        "messages")
                 parts.append(part["text"])
             content = "".join(parts)
-        if content is None and role == "assistant":
+        calls = _tool_calls_in(m.get("tool_calls"), i) if role == "assistant" else None
+        if content is None and (role == "assistant" or role == "tool"):
             content = ""
         if not isinstance(content, str):
             raise RequestError(f"messages[{i}].content must be text, got {type(content).__name__}",
                                "messages")
         if "\x00" in content:
             raise RequestError(f"messages[{i}].content holds a NUL character", "messages")
-        out.append({"role": "system" if role == "developer" else role, "content": content})
+        msg: dict[str, Any] = {"role": "system" if role == "developer" else role, "content": content}
+        if calls:
+            msg["tool_calls"] = calls
+        if role == "tool":
+            for key in ("tool_call_id", "name"):
+                value = m.get(key)
+                if value is not None and not isinstance(value, str):
+                    raise RequestError(f"messages[{i}].{key} must be text", f"messages.{i}.{key}")
+                if value is not None:
+                    msg[key] = value
+        out.append(msg)
     return out
+
+
+def _tool_calls_in(calls: Any, i: int) -> list[dict[str, Any]] | None:
+    """An assistant message's ``tool_calls`` as templates read them: arguments as an object."""
+    if calls is None:
+        return None
+    where = f"messages.{i}.tool_calls"
+    if not isinstance(calls, Sequence) or isinstance(calls, str):
+        raise RequestError(f"{where} must be a list of calls", where)
+    out = []
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, Mapping) else None
+        name = fn.get("name") if isinstance(fn, Mapping) else None
+        if not isinstance(name, str) or not name:
+            raise RequestError(f"{where}.{j}.function.name must be a function's name",
+                               f"{where}.{j}.function.name")
+        args: Any = fn.get("arguments", "{}")  # type: ignore[union-attr]
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except ValueError:
+                raise RequestError(f"{where}.{j}.function.arguments is not JSON",
+                                   f"{where}.{j}.function.arguments") from None
+        if not isinstance(args, Mapping):
+            raise RequestError(f"{where}.{j}.function.arguments must be a JSON object",
+                               f"{where}.{j}.function.arguments")
+        entry: dict[str, Any] = {"type": "function", "function": {"name": name, "arguments": dict(args)}}
+        call_id = call.get("id")
+        if isinstance(call_id, str):
+            entry["id"] = call_id
+        out.append(entry)
+    return out
+
+
+def _last(chunks: Iterator[Chunk]) -> Completion:
+    """The completion a stream of chunks ends with."""
+    last = None
+    for last in chunks:  # noqa: B007 - the last chunk carries the completion
+        pass
+    assert last is not None and last.completion is not None
+    return last.completion
+
+
+def _tool_chunks(chunks: Iterator[Chunk], fmt: ToolFormat, tools: Sequence[Any]) -> Iterator[Chunk]:
+    """``chunks`` of a reply that may call tools: text goes out as long as it is surely content
+    (:meth:`~promptlookup.tools.ToolFormat.safe_prefix`); the rest is held, with its tokens and
+    logprobs, until the end, where the whole reply is parsed. Parsed calls go on the completion (its
+    text then the content before them, finish reason "tool_calls"); a reply that does not parse, or
+    that the token limit cut, is text, as without tools."""
+    text = ""
+    sent = 0
+    tokens: list[int] = []
+    lps: list[TokenLogprob] | None = None
+    try:
+        for chunk in chunks:
+            text += chunk.text
+            tokens.extend(chunk.tokens)
+            if chunk.logprobs is not None:
+                lps = [*(lps or ()), *chunk.logprobs]
+            c = chunk.completion
+            if c is None:
+                safe = max(sent, fmt.safe_prefix(text))
+                if safe > sent:
+                    yield Chunk(text[sent:safe], tokens, logprobs=lps)
+                    sent, tokens, lps = safe, [], None
+                continue
+            parsed = fmt.parse(c.text, tools) if c.finish_reason == "stop" else None
+            if parsed is not None:
+                content, calls = parsed
+                c.text, c.tool_calls, c.finish_reason = content, calls, "tool_calls"
+                yield Chunk(text[sent : max(sent, len(content))], tokens, completion=c, logprobs=lps)
+            else:
+                yield Chunk(text[sent:], tokens, completion=c, logprobs=lps)
+            return
+    finally:  # a consumer that stops early ends the generation now (its slot is freed), not at GC
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
 
 
 def _options(options: RequestOptions | None, fields: Mapping[str, Any]) -> RequestOptions:

@@ -21,8 +21,10 @@ the server) goes through :func:`messages_tokens`, which works on any backend wit
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from promptlookup.backends.base import Model, one_turn
 
@@ -39,14 +41,23 @@ def _markers(n: int, avoid: str) -> list[str]:
         k += 1
 
 
-def template_segments(backend: Model, messages: Sequence[Mapping[str, str]]) -> list[Segment]:
-    """The rendered chat prompt as (text, from the template) segments; see the module doc, step 1."""
+def template_segments(backend: Model, messages: Sequence[Mapping[str, Any]],
+                      tools: Sequence[Mapping[str, Any]] | None = None) -> list[Segment]:
+    """The rendered chat prompt as (text, from the template) segments; see the module doc, step 1.
+    ``tools`` (OpenAI's tool objects) are handed to the template, which writes them as its own text."""
     # the backends render an empty system message as none
     messages = [dict(m) for m in messages if not (m["role"] == "system" and not m["content"])]
     contents = [m["content"] for m in messages]
-    rendered = backend.render_chat(messages)
+
+    def render(msgs: Sequence[Mapping[str, Any]]) -> str:
+        return backend.render_chat(msgs, tools=list(tools)) if tools else backend.render_chat(msgs)
+
+    rendered = render(messages)
     marks = _markers(len(contents), rendered + "".join(contents))
-    marked = backend.render_chat([{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)])
+    # an empty content keeps no marker: templates test it ("{% if message.content %}", an assistant
+    # turn that only calls tools), and a marker there would change what they write
+    marked = render([{**m, "content": mark if m["content"] else ""}
+                     for m, mark in zip(messages, marks, strict=True)])
     pattern = re.compile("|".join(re.escape(m) for m in marks)) if marks else None
     parts = pattern.split(marked) if pattern else [marked]
     slots = [marks.index(m.group()) for m in pattern.finditer(marked)] if pattern else []
@@ -104,10 +115,14 @@ def chat_tokens(backend: Model, user: str, system: str | None = None) -> list[in
     return messages_tokens(backend, one_turn(user, system))
 
 
-def messages_tokens(backend: Model, messages: Sequence[Mapping[str, str]]) -> list[int]:
-    """Token ids of a conversation (system/user/assistant messages) rendered by the model's own chat
-    template, ready for the assistant's next turn, with no control token from any message's content."""
-    pieces = _partition(template_segments(backend, messages), backend.control_texts())
+def messages_tokens(backend: Model, messages: Sequence[Mapping[str, Any]],
+                    tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
+    """Token ids of a conversation (system/user/assistant/tool messages) rendered by the model's own
+    chat template, ready for the assistant's next turn, with no control token from any message's
+    content. Tool definitions and assistant tool calls are written by the template as its own text,
+    so a control-token text inside them is refused (:func:`check_no_controls`)."""
+    check_no_controls(backend, messages, tools)
+    pieces = _partition(template_segments(backend, messages, tools), backend.control_texts())
     ids: list[int] = []
     for i, piece in enumerate(pieces):
         if i % 2 == 0:
@@ -120,3 +135,27 @@ def messages_tokens(backend: Model, messages: Sequence[Mapping[str, str]]) -> li
         ids.extend(one)
     head, tail = _special_affixes(backend)
     return [*head, *ids, *tail]
+
+
+def check_no_controls(backend: Model, messages: Sequence[Mapping[str, Any]],
+                      tools: Sequence[Mapping[str, Any]] | None) -> None:
+    """Refuse control-token text in what the template writes as its own: tool definitions and the
+    assistant's tool calls (names, arguments). Content slots are safe already (step 1); these are not
+    slots, and a ``<|im_end|>`` in an argument would otherwise forge a turn."""
+    from promptlookup.errors import RequestError
+
+    controls = [c for c in backend.control_texts() if c]
+    if not controls:
+        return
+    found = re.compile("|".join(re.escape(c) for c in sorted(set(controls), key=len, reverse=True)))
+    places: list[tuple[str, Any]] = [(f"tools.{i}", t) for i, t in enumerate(tools or ())]
+    places += [(f"messages.{i}.tool_calls", m["tool_calls"]) for i, m in enumerate(messages)
+               if m.get("tool_calls")]
+    places += [(f"messages.{i}.name", m["name"]) for i, m in enumerate(messages) if m.get("name")]
+    places += [(f"messages.{i}.tool_call_id", m["tool_call_id"]) for i, m in enumerate(messages)
+               if m.get("tool_call_id")]
+    for where, value in places:
+        hit = found.search(json.dumps(value, ensure_ascii=False))
+        if hit:
+            raise RequestError(f"{where} holds {hit.group()!r}, the text of one of the model's control "
+                               "tokens, which the chat template would write as a real one", where)

@@ -124,6 +124,30 @@ def _response_format(args: argparse.Namespace) -> dict | None:
     return {"type": "json_schema", "json_schema": {"name": Path(path).stem, "schema": text}}
 
 
+def _tools(args: argparse.Namespace) -> list | None:
+    """``--tools FILE``: OpenAI's tools list (checked with the options)."""
+    path = getattr(args, "tools", None)
+    if path is None:
+        return None
+    from promptlookup.errors import InputError
+
+    try:
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InputError(f"--tools {path}: {exc}") from None
+    if isinstance(value, dict) and "tools" in value:
+        value = value["tools"]
+    return value
+
+
+def _tool_choice(args: argparse.Namespace) -> str | dict | None:
+    """``--tool-choice``: auto, none, required, or a tool's name (OpenAI's named choice)."""
+    choice = getattr(args, "tool_choice", None)
+    if choice is None or choice in ("auto", "none", "required"):
+        return choice
+    return {"type": "function", "function": {"name": choice}}
+
+
 def _sampling_line(params, seed: int) -> str:
     return f"sampling: {params.describe()}; seed {seed} (--seed {seed} repeats this run)"
 
@@ -216,6 +240,13 @@ def build_parser() -> argparse.ArgumentParser:
                           "enforced token by token (speculation included; docs/agents.md)")
     fmt.add_argument("--json-object", action="store_true",
                      help="structured output: the text is one JSON object")
+    g.add_argument("--tools", metavar="FILE",
+                   help="with --chat: OpenAI function tools (a JSON list, or an object with a tools list) "
+                        "shown to the model through its chat template; calls print as JSON lines "
+                        "(docs/agents.md)")
+    g.add_argument("--tool-choice", metavar="CHOICE",
+                   help="with --tools: auto (default), none, required, or a tool's name (forced by a "
+                        "grammar)")
     g.add_argument("--csv", metavar="FILE", help="append one key=value row of counters to FILE")
     g.add_argument("--json", action="store_true",
                    help="print one JSON object (tokens, text, counters) instead of text + report")
@@ -482,28 +513,40 @@ def cmd_generate(args: argparse.Namespace) -> int:
     history = spec.get("history")
     budget = int(spec.get("budget")) if spec.get("budget") is not None else None
     spec = spec.without("history", "budget")
+    if (args.tools or args.tool_choice) and not args.chat:
+        raise UsageError("--tools and --tool-choice need --chat (the model's template shows the tools)")
     opts = _request_options(args, max_tokens=args.n_predict, logprobs=args.logprobs, speculate=spec,
-                            response_format=_response_format(args))
+                            response_format=_response_format(args), tools=_tools(args),
+                            tool_choice=_tool_choice(args))
     text = _read_prompt(args)
     system = prompt_text(args.system, "--system") if args.system is not None else None
     engine = Engine(args.model, getattr(args, "backend", "llama.cpp"), threads=args.threads,
                     n_ctx=args.ctx_size, speculate=spec, history=history, history_budget=budget)
     backend = engine.backend
-    ids = engine.chat_ids(one_turn(text, system)) if args.chat else engine.tokenize(text)
+    messages = one_turn(text, system)
+    ids = None if opts.tools else engine.chat_ids(messages) if args.chat else engine.tokenize(text)
+
+    def run(stream: bool):  # with tools, the engine renders and parses them (chat); else the ids
+        if ids is None:
+            return engine.chat(messages, opts, stream=stream)
+        return engine.generate(ids, opts, stream=stream)
+
     if args.json:
-        result = engine.generate(ids, opts)
+        result = run(False)
     else:
-        for chunk in engine.generate(ids, opts, stream=True):
+        for chunk in run(True):
             sys.stdout.write(chunk.text)
             sys.stdout.flush()
             result = chunk.completion
         sys.stdout.write("\n")
+        for call in result.tool_calls or ():  # one JSON line per call, OpenAI's tool_calls entries
+            print(json.dumps(call.as_openai(), ensure_ascii=False))
     engine.save_history()  # the history file the flags name: this run added to it
-    _print_generation(args, backend, ids, result, opts, report_of(engine.source_for(spec)))
+    _print_generation(args, backend, result, opts, report_of(engine.source_for(spec)))
     return 0
 
 
-def _print_generation(args: argparse.Namespace, backend: Model, ids: list[int], result, opts, report) -> None:
+def _print_generation(args: argparse.Namespace, backend: Model, result, opts, report) -> None:
     """The output: JSON, or the report after the streamed text; ``--csv`` appends a row."""
     c = result.counters
     if args.csv:
@@ -513,8 +556,10 @@ def _print_generation(args: argparse.Namespace, backend: Model, ids: list[int], 
     if args.json:
         obj = {
             "model": str(backend.model_path), "threads": backend.n_threads,
-            "prompt_tokens": len(ids), "tokens": result.tokens, "text": result.text,
-            "stopped_by": result.stopped_by, "counters": c.as_dict(),
+            "prompt_tokens": result.prompt_tokens, "tokens": result.tokens, "text": result.text,
+            "stopped_by": result.stopped_by, "finish_reason": result.finish_reason,
+            "tool_calls": [t.as_openai() for t in result.tool_calls] if result.tool_calls else None,
+            "counters": c.as_dict(),
             "sampling": {**opts.sampling_params().as_dict(), "seed": result.seed},
         }
         if result.logprobs is not None:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from promptlookup.errors import RequestError
 from promptlookup.grammar import parse_response_format
 from promptlookup.sampling import Sampler, SamplingParams, check_seed_and_logprobs
+from promptlookup.tools import parse_tool_choice, parse_tools
 
 if TYPE_CHECKING:
     from promptlookup.grammar import Constraint
@@ -58,6 +59,11 @@ class RequestOptions:
     response_format: Any = None
     # OpenAI's logit_bias: token id -> bias in -100..100, added to the raw logits; kept as sorted pairs
     logit_bias: Mapping[int | str, float] | Sequence[tuple[int, float]] | None = None
+    # OpenAI's tools (a list of {"type": "function", "function": {...}}) and tool_choice ("auto",
+    # "none", "required", {"type": "function", "function": {"name": ...}}); kept as tools.Tool's and
+    # a tools.ToolChoice. Chat only: the engine renders them through the model's template.
+    tools: Any = None
+    tool_choice: Any = None
 
     def __post_init__(self) -> None:
         mt = self.max_tokens
@@ -68,6 +74,12 @@ class RequestOptions:
         check_seed_and_logprobs(self.seed, self.logprobs)
         object.__setattr__(self, "response_format", parse_response_format(self.response_format))
         object.__setattr__(self, "logit_bias", _checked_bias(self.logit_bias))
+        object.__setattr__(self, "tools", parse_tools(self.tools))
+        object.__setattr__(self, "tool_choice", parse_tool_choice(self.tool_choice, self.tools))
+        if self.tool_choice.mode != "none" and self.response_format is not None:
+            raise RequestError("response_format cannot be combined with tools: a tool call has its own "
+                               'format (use tool_choice "required" or a named function to force one)',
+                               "response_format")
         t = self.timeout
         if t is not None and (isinstance(t, bool) or not isinstance(t, numbers.Real) or math.isnan(t)):
             raise RequestError(f"timeout must be a number of seconds, got {t!r}", "timeout")

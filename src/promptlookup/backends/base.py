@@ -80,8 +80,10 @@ class Model(Decoder, Protocol):
     def fingerprint(self) -> str:
         """A short id of the tokenizer, written into and checked against every file of token ids."""
 
-    def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
-        """The conversation through the model's chat template, ending where the assistant speaks."""
+    def render_chat(self, messages: Sequence[Mapping[str, Any]],
+                    tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+        """The conversation through the model's chat template, ending where the assistant speaks;
+        ``tools`` (OpenAI's tool objects) are handed to the template (promptlookup.tools)."""
 
     def control_texts(self) -> list[str]:
         """The texts of the control tokens (a message may not smuggle them in)."""
@@ -92,6 +94,8 @@ class Model(Decoder, Protocol):
     # Optional, for structured output (promptlookup.grammar): ``grammar_tokenizer()`` (llguidance's
     # tokenizer over the vocabulary) or ``token_bytes(id)``; a backend with neither refuses
     # ``response_format``. Not part of the Protocol, so test doubles need not implement it.
+    # Optional, for tool calling (promptlookup.tools): ``chat_template``, the template's text, read
+    # for its tool support and call format; a backend without it refuses ``tools``.
 
 
 @dataclass

@@ -17,6 +17,7 @@ import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -268,13 +269,20 @@ class LlamaCppBackend:
         """Render the model's own chat template for one user turn, ready for generation."""
         return self.render_chat(one_turn(user, system))
 
-    def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
-        """Render the model's own chat template for ``messages`` (role/content), ready for the
-        assistant's next turn."""
+    @property
+    def chat_template(self) -> str | None:
+        """The GGUF's chat template text (``tokenizer.chat_template``), None when it has none."""
+        template = self.metadata.get("tokenizer.chat_template")
+        return template or None
+
+    def render_chat(self, messages: Sequence[Mapping[str, Any]],
+                    tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+        """Render the model's own chat template for ``messages`` (role/content; tool calls and tool
+        results as OpenAI's) and ``tools``, ready for the assistant's next turn."""
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
         meta = self.metadata
-        template = meta.get("tokenizer.chat_template")
+        template = self.chat_template
         if not template:
             raise BackendError(f"{self.model_path.name} has no chat template (chat needs one)")
 
@@ -290,7 +298,7 @@ class LlamaCppBackend:
             bos_token=piece("tokenizer.ggml.bos_token_id"),
         )
         try:
-            return fmt(messages=[dict(m) for m in messages]).prompt
+            return fmt(messages=[dict(m) for m in messages], tools=list(tools) if tools else None).prompt
         except Exception as exc:  # jinja2 raises TemplateError (and the template's own raise_exception)
             raise BackendError(f"the chat template refused these messages: {exc}") from exc
 

@@ -239,14 +239,22 @@ class TransformersBackend:
         """Render the model's own chat template for one user turn, ready for generation."""
         return self.render_chat(one_turn(user, system))
 
-    def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
-        """Render the model's own chat template for ``messages`` (role/content), ready for the
-        assistant's next turn."""
+    @property
+    def chat_template(self) -> str | None:
+        """The tokenizer's chat template text (None when it has none, or several by name)."""
+        template = self.tokenizer.chat_template
+        return template if isinstance(template, str) and template else None
+
+    def render_chat(self, messages: Sequence[Mapping[str, Any]],
+                    tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+        """Render the model's own chat template for ``messages`` (role/content; tool calls and tool
+        results as OpenAI's) and ``tools``, ready for the assistant's next turn."""
         if not self.tokenizer.chat_template:
             raise BackendError(f"{self.model_path.name} has no chat template (chat needs one)")
         try:
             return str(self.tokenizer.apply_chat_template([dict(m) for m in messages], tokenize=False,
-                                                          add_generation_prompt=True))
+                                                          add_generation_prompt=True,
+                                                          tools=list(tools) if tools else None))
         except Exception as exc:  # jinja2's TemplateError and the template's own raise_exception
             raise BackendError(f"the chat template refused these messages: {exc}") from exc
 

@@ -41,6 +41,7 @@ from promptlookup.serve.history import HistorySaver
 from promptlookup.serve.metrics import CONTENT_TYPE, Metrics
 from promptlookup.serve.queue import Event, Job, Worker, error_event
 from promptlookup.serve.render import Render, public_label
+from promptlookup.tools import format_for
 
 log = logging.getLogger("promptlookup.serve")
 
@@ -250,8 +251,8 @@ def _param(loc: Sequence[Any]) -> str | None:
     for i, x in enumerate(loc):
         if x == "body" or (isinstance(x, str) and (x in _UNION_TAGS or any(ch in x for ch in "[]-"))):
             continue
-        if i and isinstance(loc[i - 1], int) and x in ROLES + ("tool", "function"):
-            continue
+        if i > 1 and loc[i - 2] == "messages" and isinstance(loc[i - 1], int) and x in ROLES + ("function",):
+            continue  # a message's role tag (not tools.0.function)
         if i and loc[i - 1] == "response_format" and x in ("text", "json_object", "json_schema"):
             continue  # the discriminator's tag, as a role after a message's index
         parts.append(str(x))
@@ -264,7 +265,13 @@ def _messages(body: s.ChatCompletionRequest) -> list[dict[str, Any]]:
         content: Any = m.content
         if isinstance(content, list):
             content = [{"type": "text", "text": p.text} for p in content]
-        out.append({"role": m.role, "content": content})
+        msg: dict[str, Any] = {"role": m.role, "content": content}
+        if isinstance(m, s.AssistantMessage) and m.tool_calls:
+            msg["tool_calls"] = [c.model_dump(exclude_none=True) for c in m.tool_calls]
+        if isinstance(m, s.ToolMessage):
+            ids = (("tool_call_id", m.tool_call_id), ("name", m.name))
+            msg.update({k: v for k, v in ids if v is not None})
+        out.append(msg)
     return out
 
 
@@ -343,6 +350,8 @@ async def chat_completions(body: s.ChatCompletionRequest, request: Request) -> R
     server = _server(request)
     body.refuse_unsupported()
     job = server.job("chat", check_messages(_messages(body)), body)  # every 400 before the queue
+    if job.options.tool_choice.mode != "none":
+        format_for(server.engine.backend)  # a template without tool support: 400 naming tools
     return await server.respond(request, job, Render(server.model, "chat", body, job.options.logprobs))
 
 

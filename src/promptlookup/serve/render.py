@@ -102,8 +102,11 @@ class Render:
     def whole(self, text: str, c: Completion, texts: Mapping[int, str] | None) -> dict[str, Any]:
         lp = self._logprobs(c.logprobs, texts)
         if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                      "logprobs": lp, "finish_reason": c.finish_reason}
+            message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+            if c.tool_calls:  # a turn that only calls tools has no content (OpenAI's null)
+                message["content"] = text if text.strip() else None
+                message["tool_calls"] = [call.as_openai() for call in c.tool_calls]
+            choice = {"index": 0, "message": message, "logprobs": lp, "finish_reason": c.finish_reason}
             obj = self._base("chat.completion")
         else:
             choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": c.finish_reason}
@@ -139,11 +142,18 @@ class Render:
 
     def tail(self, c: Completion, rest: Sequence[TokenLogprob] | None = None,
              texts: Mapping[int, str] | None = None) -> list[dict[str, Any]]:
-        """The last chunk (finish reason; the logprobs of ``rest``, the tokens no delta carried, if
-        any; timings and counters), then the usage chunk when ``stream_options.include_usage``."""
+        """The tool calls' delta when the reply called tools (each call whole: id, name and arguments
+        in one piece, as the model's text is parsed only once it ends), the last chunk (finish reason;
+        the logprobs of ``rest``, the tokens no delta carried, if any; timings and counters), then the
+        usage chunk when ``stream_options.include_usage``."""
+        out = []
+        if c.tool_calls and self.kind == "chat":  # the calls, whole, in one delta before the finish
+            calls = [{"index": i, **call.as_openai()} for i, call in enumerate(c.tool_calls)]
+            out.append(self._chunk({"index": 0, "delta": {"tool_calls": calls}, "logprobs": None,
+                                    "finish_reason": None}))
         last = self._chunk(self._choice(None, c.finish_reason, self._streamed_logprobs(rest or None, texts)))
         last.update(self._extensions(c))
-        out = [last]
+        out.append(last)
         if self.include_usage:
             u = self._chunk(None)
             u["usage"] = self.usage(c)

@@ -105,11 +105,15 @@ class SamplingFields(_Request):
             repeat_penalty=1.0 if self.repeat_penalty is None else self.repeat_penalty,
             presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
             seed=self.seed, stop=self.stop, logprobs=self.logprob_count(), speculate=speculate,
-            logit_bias=self.logit_bias, response_format=self.grammar())
+            logit_bias=self.logit_bias, response_format=self.grammar(), **self.tool_fields())
 
     def grammar(self) -> Any:
         """The response format as RequestOptions takes it (None: free text)."""
         return None
+
+    def tool_fields(self) -> dict[str, Any]:
+        """``tools`` and ``tool_choice`` as RequestOptions takes them (chat only)."""
+        return {}
 
 
 class TextPart(_Request):
@@ -123,21 +127,55 @@ class Message(_Request):
     name: str | None = None
 
 
+class FunctionCallIn(_Request):
+    name: str = Field(min_length=1, max_length=64)
+    arguments: str = Field(description="the arguments as JSON text (an object)")
+
+
+class ToolCallIn(_Request):
+    id: str | None = None
+    type: Literal["function"] | None = "function"
+    function: FunctionCallIn
+
+
 class AssistantMessage(_Request):
     role: Literal["assistant"]
     content: str | list[TextPart] | None = None
     name: str | None = None
-    tool_calls: list[Any] | None = Field(None, description="not supported yet (refused when non-empty)")
-    function_call: Any = Field(None, description="not supported (refused)")
+    tool_calls: list[ToolCallIn] | None = Field(None, description="the calls this turn made (shown to "
+                                                "the model through its chat template)")
+    function_call: Any = Field(None, description="the legacy form: not supported (refused)")
 
 
 class ToolMessage(_Request):
-    """A tool's result: accepted by the schema so that the refusal names it (no tool calling yet)."""
+    """A tool's result (``role: "tool"``); the legacy ``"function"`` role is accepted by the schema
+    only so that its refusal names it."""
 
     role: Literal["tool", "function"]
-    content: Any = None
+    content: str | list[TextPart] | None = None
     tool_call_id: str | None = None
     name: str | None = None
+
+
+class FunctionSpec(_Request):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(None, description="a JSON schema of the arguments")
+    strict: bool | None = Field(None, description="forced calls are always enforced by a grammar")
+
+
+class ToolSpec(_Request):
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class NamedFunction(_Request):
+    name: str
+
+
+class NamedToolChoice(_Request):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class TextFormat(_Request):
@@ -176,12 +214,16 @@ class ChatCompletionRequest(SamplingFields):
     response_format: ResponseFormat | None = Field(
         None, description="json_object or json_schema: the answer is constrained by a grammar, token by "
                           "token (speculation included)")
-    # not supported yet: refused by name rather than ignored
-    tools: list[Any] | None = Field(None, description="not supported yet (refused when non-empty)")
-    tool_choice: Any = Field(None, description='not supported yet (only "none" or absent)')
-    parallel_tool_calls: bool | None = None
-    functions: list[Any] | None = Field(None, description="not supported (refused when non-empty)")
-    function_call: Any = Field(None, description='not supported (only "none" or absent)')
+    tools: list[ToolSpec] | None = Field(
+        None, description="function tools, shown to the model through its chat template (400 when the "
+                          "template has no tool support)")
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description="auto (default with tools), none, required or a named function; required and "
+                          "named are forced by a grammar")
+    parallel_tool_calls: bool | None = Field(None, description="accepted; a forced call is one call")
+    # the legacy function-calling fields: refused by name rather than ignored
+    functions: list[Any] | None = Field(None, description="not supported: use tools (refused when non-empty)")
+    function_call: Any = Field(None, description='not supported: use tool_choice (only "none" or absent)')
 
     def new_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -196,25 +238,24 @@ class ChatCompletionRequest(SamplingFields):
         schema = fmt.json_schema.schema_
         return {"type": "json_schema", "json_schema": {"schema": {} if schema is None else schema}}
 
+    def tool_fields(self) -> dict[str, Any]:
+        return {"tools": [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None,
+                "tool_choice": self.tool_choice if isinstance(self.tool_choice, str | None)
+                else self.tool_choice.model_dump()}
+
     def refuse_unsupported(self) -> None:
-        """Tool calling is not here yet: a request that asks for it is refused by the field's name,
-        never answered as if it had not asked."""
+        """The legacy function-calling fields are refused by name, never answered as if absent."""
         for i, m in enumerate(self.messages):
-            if isinstance(m, ToolMessage):
-                raise RequestError(f'messages[{i}]: role "{m.role}" (a tool\'s result) is not supported by '
-                                   "this server yet (no tool calling)", f"messages.{i}.role")
-            if isinstance(m, AssistantMessage) and (m.tool_calls or m.function_call is not None):
-                field = "tool_calls" if m.tool_calls else "function_call"
-                raise RequestError(f"messages[{i}].{field}: assistant tool calls are not supported by this "
-                                   "server yet (no tool calling)", f"messages.{i}.{field}")
-        for name in ("tools", "functions"):
-            if getattr(self, name):
-                raise RequestError(f"{name} is not supported by this server yet (no tool calling); "
-                                   "send the request without it", name)
-        for name in ("tool_choice", "function_call"):
-            if getattr(self, name) not in (None, "none"):
-                raise RequestError(f'{name} must be "none" or absent: this server has no tool calling yet',
-                                   name)
+            if isinstance(m, ToolMessage) and m.role == "function":
+                raise RequestError(f'messages[{i}]: role "function" is the legacy form; send the result '
+                                   'as role "tool" with its tool_call_id', f"messages.{i}.role")
+            if isinstance(m, AssistantMessage) and m.function_call is not None:
+                raise RequestError(f"messages[{i}].function_call: the legacy form; use tool_calls",
+                                   f"messages.{i}.function_call")
+        if self.functions:
+            raise RequestError("functions is the legacy form: send tools instead", "functions")
+        if self.function_call not in (None, "none"):
+            raise RequestError('function_call must be "none" or absent: use tool_choice', "function_call")
 
     def logprob_count(self) -> int | None:
         if self.top_logprobs is not None and not self.logprobs:
@@ -322,17 +363,29 @@ class ChatLogprobs(_Response):
     refusal: list[TokenLogprob] | None = None
 
 
+class FunctionCallOut(_Response):
+    name: str
+    arguments: str = Field(description="JSON text")
+
+
+class ToolCallOut(_Response):
+    id: str
+    type: Literal["function"]
+    function: FunctionCallOut
+
+
 class ChatMessage(_Response):
     role: Literal["assistant"]
-    content: str
+    content: str | None = Field(description="null when the turn only calls tools")
     refusal: str | None = None
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class ChatChoice(_Response):
     index: int
     message: ChatMessage
     logprobs: ChatLogprobs | None
-    finish_reason: Literal["stop", "length"]
+    finish_reason: Literal["stop", "length", "tool_calls"]
     token_ids: list[int] | None = None
 
 
