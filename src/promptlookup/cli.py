@@ -340,9 +340,9 @@ def _add_serve_command(sub) -> None:
                       aliases={"--suffix-history": ("--history",),
                                "--suffix-history-budget": ("--history-budget",)})
     s.add_argument("--parallel", "-np", type=_int_in(1, MAX_PARALLEL, "--parallel"), metavar="N",
-                   help=f"requests decoded together, each with --ctx-size positions of its own (default "
-                        f"{DEFAULT_PARALLEL} on llama.cpp; 1, one at a time as a FIFO, on transformers, "
-                        "which does not batch)")
+                   help=f"requests decoded together by continuous batching, each with --ctx-size "
+                        f"positions of its own (default {DEFAULT_PARALLEL}: one at a time, as a FIFO; "
+                        "llama.cpp only)")
     s.add_argument("--prefill-chunk", type=_int_in(1, 1 << 16, "--prefill-chunk"),
                    default=DEFAULT_PREFILL_CHUNK, metavar="TOKENS",
                    help="prompt tokens read per batched step, so running requests keep decoding while a "
@@ -386,7 +386,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     history=args.suffix_history, history_budget=args.suffix_history_budget,
                     corpus=args.suffix_corpus,
                     lookup_static=args.lookup_cache_static, cost_curve=args.cost_curve,
-                    parallel=args.parallel or (DEFAULT_PARALLEL if args.backend == "llama.cpp" else 1),
+                    parallel=args.parallel or DEFAULT_PARALLEL,
                     prefill_chunk=args.prefill_chunk)
     try:
         return run_server(engine, settings, args.host, args.port)

@@ -45,9 +45,11 @@ from promptlookup.tools import format_for
 
 log = logging.getLogger("promptlookup.serve")
 
-#: requests decoded together by default: about where a batch's tokens per second stop rising on a
-#: 2-core CPU with the bundled model (docs/server.md), and llama-server's default slot count
-DEFAULT_PARALLEL = 4
+#: requests decoded together by default: one (a FIFO), because on the 2-core development machine a
+#: batched forward of 4 one-token sequences inside the server cost about 4 single ones (80 ms against
+#: 21 ms) where the same forward in isolation costs about 2 (docs/results.md, many users at once): until
+#: that is understood, batching is what a user asks for with --parallel N, not what every user gets
+DEFAULT_PARALLEL = 1
 MAX_SPECULATE_SETTINGS = 16  # distinct draft source settings one server builds (each keeps its state)
 
 
