@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -176,7 +177,7 @@ def _call_schema(tools: Sequence[Tool], args_key: str) -> dict[str, Any]:
     return {**schema, "x-guidance": dict(JSON_OPTIONS)}
 
 
-class ToolFormat:
+class ToolFormat(ABC):
     """How one family of templates has the model write a call; see the module doc."""
 
     name = ""
@@ -202,19 +203,20 @@ class ToolFormat:
             raise RequestError(f"tools: the call's grammar cannot be enforced: {error}", "tools")
         return Grammar(grammar, f"tool_choice {choice.mode}")
 
+    @abstractmethod
     def lark(self, call: str) -> str:
-        raise NotImplementedError
+        """The lark grammar of this format's wrapper around ``call`` (the call's JSON rule)."""
 
+    @abstractmethod
     def safe_prefix(self, text: str) -> int:
         """How much of a reply's beginning is surely content (streamed as it comes): the rest may
         be the start of a call, and is held until the reply ends."""
-        raise NotImplementedError
 
+    @abstractmethod
     def parse(self, text: str, tools: Sequence[Tool]) -> tuple[str, list[ToolCall]] | None:
         """``(content, calls)`` when ``text`` holds calls of known tools in this format and nothing
         else after them; None otherwise (the reply is then plain content). ``content`` is the text
         before the first call, as it was streamed (a prefix of ``text``)."""
-        raise NotImplementedError
 
 
 def _call_of(obj: Any, tools: Sequence[Tool], keys: Sequence[str]) -> ToolCall | None:
