@@ -63,8 +63,9 @@ class SlotPool:
                 self._cv.wait()
             best, best_key, keep = None, None, 0
             for slot in self._free:
-                cached = len(slot.decoder.tokens) if reuse_prefix and slot.cache_valid else 0
-                k = common_prefix(slot.decoder.tokens, ids) if cached else 0
+                tokens = slot.decoder.tokens if reuse_prefix and slot.cache_valid else ()
+                cached = len(tokens)
+                k = common_prefix(tokens, ids) if cached else 0
                 key = (2 * k >= cached, k, -slot.last_used)
                 if best_key is None or key > best_key:
                     best, best_key, keep = slot, key, k

@@ -199,9 +199,9 @@ class Scheduler:
         t0 = self.clock()
         try:
             results = self.backend.decode_many(parts)
-        except BackendError:
+        except BackendError as exc:
             if len(tickets) == 1:
-                tickets[0].error = _current_error()
+                tickets[0].error = exc
                 return
             for t in tickets:  # the forward was refused whole: find the part at fault
                 try:
@@ -247,14 +247,6 @@ class Scheduler:
                 self._caps = self.pricing.caps(sorted(self._running))
                 self._caps_round = self.stats.rounds
             return self._caps.get(seq, 0)
-
-
-def _current_error() -> BaseException:
-    import sys
-
-    exc = sys.exc_info()[1]
-    assert exc is not None
-    return exc
 
 
 class SlotDecoder:
