@@ -37,6 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve_load import pct  # noqa: E402
 from serve_session import RowSpec, Server, machine_line, parse_stream  # noqa: E402
 
 SNIPPET = '''def area(width, height):
@@ -104,11 +105,6 @@ def row_spec(key: str, args: argparse.Namespace) -> RowSpec:
                 "--n_threads", t, "--n_threads_batch", t, "--host", "127.0.0.1", "--logits_all", "false"]
         return RowSpec(key, "llama_cpp.server", argv, env, {"repeat_penalty": 1.0}, retokenize=True)
     raise SystemExit(f"serve_batch: error: unknown row {key!r} (rows: {', '.join(ROWS)})")
-
-
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))] if xs else float("nan")
 
 
 def run_level(server: Server, spec: RowSpec, clients: int, args: argparse.Namespace) -> dict:

@@ -88,8 +88,9 @@ def phase(url: str, clients: int, requests: int, args: argparse.Namespace) -> tu
 
 
 def pct(xs: list[float], q: float) -> float:
+    """The ``q`` quantile of ``xs`` (nearest rank; NaN when there is none: every request failed)."""
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))] if xs else float("nan")
 
 
 def row(name: str, rs: list[dict], wall: float) -> str:
