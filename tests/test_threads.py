@@ -1,4 +1,4 @@
-"""CPU threads on a shared machine: the OpenMP wait-policy default, the load reading, and the doctor's
+"""CPU threads on a shared machine: the OpenMP wait policy as libgomp reads it, the load reading, and the doctor's
 oversubscription line. Every input is injected: nothing here reads the real machine's load."""
 
 from __future__ import annotations
@@ -6,30 +6,13 @@ from __future__ import annotations
 from promptlookup.backends import doctor
 from promptlookup.backends.threads import (
     Load,
-    apply_openmp_defaults,
     busy_elsewhere,
-    openmp_defaults,
     oversubscription,
     parse_loadavg,
     read_load,
     spin_count,
     wait_policy,
 )
-
-
-def test_libgomps_own_spin_is_the_default_and_a_users_choice_is_left_alone():
-    assert openmp_defaults({}) == {}
-    assert openmp_defaults({"OMP_WAIT_POLICY": "ACTIVE"}) == {}
-    assert openmp_defaults({"GOMP_SPINCOUNT": "1000"}) == {}
-
-
-def test_apply_sets_only_what_the_user_left_unset():
-    env = {"PATH": "/bin"}
-    assert apply_openmp_defaults(env) == {}
-    assert env == {"PATH": "/bin"}
-    mine = {"OMP_WAIT_POLICY": "passive"}
-    assert apply_openmp_defaults(mine) == {}
-    assert mine == {"OMP_WAIT_POLICY": "passive"}
 
 
 def test_spin_count_reads_the_environment_as_libgomp_does():

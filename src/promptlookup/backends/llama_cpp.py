@@ -99,9 +99,6 @@ class LlamaCppBackend:
         record_logits: bool = False,
         n_seq: int = 1,
     ) -> None:
-        from promptlookup.backends.threads import apply_openmp_defaults
-
-        apply_openmp_defaults()  # before libgomp loads with the library: it reads its environment once
         try:
             import llama_cpp  # deferred: importing it loads the shared library
         except (ImportError, OSError, RuntimeError) as exc:

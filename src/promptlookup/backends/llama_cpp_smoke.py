@@ -264,9 +264,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     step = lambda name: _say(f"step: {name}")  # noqa: E731 - one-line callback
     result: dict[str, Any] = {}
     step("load the llama.cpp library")
-    from promptlookup.backends.threads import apply_openmp_defaults
-
-    apply_openmp_defaults()  # as the backend does, before libgomp loads (the curve is timed here)
     import llama_cpp
 
     from promptlookup.backends.llama_cpp import LlamaCppBackend, invariant_build, system_info

@@ -17,23 +17,21 @@ for libgomp's default, alternated three times. So the default stays libgomp's (f
 cores are free, as on most machines a server owns), and ``promptlookup doctor`` says when the machine
 is oversubscribed and what to set (:func:`oversubscription`).
 
-libgomp reads its environment once, when it is loaded (with the first ``import llama_cpp``), so
-:func:`apply_openmp_defaults` must run before that; a user's own ``OMP_WAIT_POLICY`` or
-``GOMP_SPINCOUNT`` always wins. :func:`oversubscription` reads ``/proc/loadavg`` for
+libgomp reads its environment once, when it is loaded (with the first ``import llama_cpp``), so a
+user sets ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` before the process starts; promptlookup sets
+neither. :func:`oversubscription` reads ``/proc/loadavg`` for
 ``promptlookup doctor``; every function here takes its inputs as arguments so the tests inject them.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 #: libgomp's wait-policy variables: a user who sets either has chosen, and we set neither
 OMP_WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
-#: what we set when the user has not chosen: nothing (see the module docstring and docs/setup.md)
-OMP_DEFAULTS: dict[str, str] = {}
 #: what the doctor recommends on an oversubscribed machine
 SHORT_SPIN_SETTING = "GOMP_SPINCOUNT=1000"
 #: libgomp's spin count when neither variable is set, and for ``OMP_WAIT_POLICY=ACTIVE`` (its
@@ -42,25 +40,6 @@ LIBGOMP_SPIN = 300_000
 ACTIVE_SPIN = 30_000_000_000
 #: the longest spin count measured not to collapse beside a busy process (10,000 fell to ~5 tok/s)
 SHORT_SPIN = 3000
-
-
-def openmp_defaults(environ: Mapping[str, str]) -> dict[str, str]:
-    """The libgomp variables to set: :data:`OMP_DEFAULTS`, or nothing when the user set either
-    wait-policy variable (``OMP_WAIT_POLICY`` alone decides the spin count, which a
-    ``GOMP_SPINCOUNT`` beside it would override)."""
-    if any(k in environ for k in OMP_WAIT_VARS):
-        return {}
-    return dict(OMP_DEFAULTS)
-
-
-def apply_openmp_defaults(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
-    """Set :func:`openmp_defaults` in ``environ`` (``os.environ``: the C library's environment,
-    where libgomp reads it) and return what was set. Call before llama.cpp's library is loaded;
-    afterwards it changes nothing libgomp will read."""
-    env = os.environ if environ is None else environ
-    chosen = openmp_defaults(env)
-    env.update(chosen)
-    return chosen
 
 
 def available_cores() -> int:
@@ -127,14 +106,11 @@ def spin_count(environ: Mapping[str, str]) -> int:
 
 def wait_policy(environ: Mapping[str, str]) -> tuple[str, int]:
     """How llama.cpp's threads will wait at their barriers under ``environ``: a description of the
-    libgomp settings (the user's, or ours) and the spin count they come to."""
-    chosen = openmp_defaults(environ)
-    env = {**{k: environ[k] for k in OMP_WAIT_VARS if k in environ}, **chosen}
-    text = " ".join(f"{k}={env[k]}" for k in OMP_WAIT_VARS if k in env)
+    libgomp settings (the user's, or libgomp's default) and the spin count they come to."""
+    text = " ".join(f"{k}={environ[k]}" for k in OMP_WAIT_VARS if k in environ)
     if not text:
-        return f"libgomp's default (spin {LIBGOMP_SPIN})", spin_count(env)
-    text += " (promptlookup's default)" if chosen else " (set in the environment)"
-    return text, spin_count(env)
+        return f"libgomp's default (spin {LIBGOMP_SPIN})", spin_count(environ)
+    return f"{text} (set in the environment)", spin_count(environ)
 
 
 def oversubscription(load: Load | None, cores: int, threads: int, environ: Mapping[str, str]) -> str:

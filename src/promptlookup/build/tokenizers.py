@@ -24,9 +24,6 @@ class VocabTokenizer:
     context (about 35 MB resident, where a vocab-only ``llama_cpp.Llama`` takes about 100)."""
 
     def __init__(self, model_path: str | os.PathLike[str]) -> None:
-        from promptlookup.backends.threads import apply_openmp_defaults
-
-        apply_openmp_defaults()  # the first load of the library decides libgomp's policy for the process
         import llama_cpp  # deferred: loads the shared library
         from llama_cpp._utils import suppress_stdout_stderr
 
