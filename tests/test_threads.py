@@ -1,5 +1,6 @@
-"""CPU threads on a shared machine: the OpenMP wait policy as libgomp reads it, the load reading, and the doctor's
-oversubscription line. Every input is injected: nothing here reads the real machine's load."""
+"""CPU threads on a shared machine: the OpenMP wait policy as libgomp reads it, the load reading,
+and the doctor's oversubscription line. Every input is injected: nothing here reads the real
+machine's load."""
 
 from __future__ import annotations
 
