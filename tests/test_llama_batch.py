@@ -194,6 +194,8 @@ def test_sequences_prefilled_and_verified_together_get_what_they_get_alone(many,
             elif kind == 2 and draft:
                 draft[0] = (draft[0] + 7) % many.n_vocab  # wrong from the start
             parts.append(SeqDecode(s, [nxt[s], *draft]))
+        if rnd % 2:
+            parts.reverse()  # handed over in any order: packed in sequence order, answered in theirs
         for part, res in zip(parts, _decode(many, parts, log), strict=True):
             s, draft = part.seq, list(part.ids[1:])
             assert len(res) == len(part.ids)
@@ -368,6 +370,18 @@ def test_parts_are_packed_into_forwards_of_at_most_n_batch(lengths, n_batch, chu
 
     parts = [SeqDecode(s, [1] * n) for s, n in enumerate(lengths)]
     assert LlamaCppBackend._chunks(SimpleNamespace(n_batch=n_batch), parts) == chunks
+
+
+def test_parts_are_packed_in_sequence_order_whatever_order_they_come_in():
+    """llama.cpp computes a forward over separate KV streams in ubatches of consecutive, increasing
+    sequence ids: parts packed as they came (2, 0, 3, 1) would cost two forwards."""
+    from promptlookup.backends.llama_cpp import LlamaCppBackend
+
+    parts = [SeqDecode(s, [1] * n) for s, n in [(2, 1), (0, 3), (3, 1), (1, 2)]]
+    assert LlamaCppBackend._chunks(SimpleNamespace(n_batch=8), parts) == [
+        [(1, 0, 3), (3, 0, 2), (0, 0, 1), (2, 0, 1)]]
+    assert LlamaCppBackend._chunks(SimpleNamespace(n_batch=4), parts) == [
+        [(1, 0, 3)], [(3, 0, 2), (0, 0, 1), (2, 0, 1)]]
 
 
 def test_load_backend_passes_n_seq_and_only_llama_cpp_holds_several():

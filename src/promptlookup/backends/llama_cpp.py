@@ -336,13 +336,20 @@ class LlamaCppBackend:
 
     def _chunks(self, parts: Sequence[SeqDecode]) -> list[list[tuple[int, int, int]]]:
         """Pack the parts into forwards of at most ``n_batch`` tokens: ``(part, lo, hi)`` slices,
-        in order. A part that fits in one forward is never split (it starts a new forward when the
-        current one has no room for it); a longer one fills forwards in order, as one long prompt
-        is chunked at ``n_batch`` from its start when it is alone."""
+        in increasing sequence order. A part that fits in one forward is never split (it starts a
+        new forward when the current one has no room for it); a longer one fills forwards in order,
+        as one long prompt is chunked at ``n_batch`` from its start when it is alone.
+
+        Why sequence order: with one KV stream per sequence, llama.cpp computes a forward in
+        ubatches that each take sequences with consecutive ids in increasing order (its
+        ``split_equal``); parts packed as they arrived (say sequences 2, 0, 3, 1) cost two forwards
+        ({2, 3} then {0, 1}), packed in order one (measured: four one-token parts 84 ms against
+        44 ms on 2 cores)."""
         chunks: list[list[tuple[int, int, int]]] = []
         cur: list[tuple[int, int, int]] = []
         room = self.n_batch
-        for k, part in enumerate(parts):
+        for k in sorted(range(len(parts)), key=lambda k: parts[k].seq):
+            part = parts[k]
             m = len(part.ids)
             if room < m <= self.n_batch:
                 chunks.append(cur)
