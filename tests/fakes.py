@@ -314,6 +314,9 @@ class BatchByteModel(ByteModel):
     def seq_tokens(self, seq: int) -> list[int]:
         return self.caches[seq]
 
+    def forward_sizes(self, lengths) -> list[int]:
+        return [sum(lengths.values())]  # any mix in one forward
+
     def seq_rollback(self, seq: int, n_keep: int) -> None:
         assert 0 <= n_keep <= len(self.caches[seq])
         del self.caches[seq][n_keep:]

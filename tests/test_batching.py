@@ -379,9 +379,41 @@ def test_acceptance_estimates_shrink_toward_the_pooled_rate():
 def test_batch_cost_learns_a_width_from_measured_rounds():
     cost = BatchCost(linear_cost)
     assert cost.seconds(16) == pytest.approx(linear_cost(16))
-    cost.observe(16, 2 * linear_cost(16))
+    cost.observe([16], 2 * linear_cost(16))
     assert cost.seconds(16) == pytest.approx(2 * linear_cost(16))
     assert cost.seconds(20) == pytest.approx(2 * linear_cost(20))  # same bucket (16..23)
     assert cost.seconds(8) == pytest.approx(linear_cost(8))  # another bucket, untouched
-    cost.observe(16, 1000.0)  # a stall is clipped at 4x before it is averaged in
+    cost.observe([16], 1000.0)  # a stall is clipped at 4x before it is averaged in
     assert cost.seconds(16) == pytest.approx((2 + 0.1 * (4 - 2)) * linear_cost(16))
+
+
+def test_pricing_counts_the_extra_forwards_a_round_of_unequal_parts_costs():
+    """With llama.cpp's separate KV streams, a round whose sequences feed different counts is
+    several forwards (``forward_sizes``), each paying the fixed part: the 0.9 sequence drafts 5
+    (151.6 tok/s: forwards of 2 then 5 tokens) where one forward would let it draft 4, a sequence
+    drafting alone beside three that do not pays a whole second forward (so none of the four
+    drafts), and two sequences with a gap between their ids are never one forward (each drafts as
+    if alone)."""
+    from types import SimpleNamespace
+
+    from promptlookup.backends.llama_cpp import LlamaCppBackend
+
+    backend = SimpleNamespace(n_batch=512, n_seq=4)
+    pricing = DraftPricing(BatchCost(linear_cost),
+                           forwards=lambda lengths: LlamaCppBackend.forward_sizes(backend, lengths))
+    pricing.rate = {0: 0.9, 1: 0.3, 2: 0.8, 3: 0.8}.__getitem__
+    assert pricing.caps([0, 1]) == {0: 5, 1: 0}
+    assert pricing.caps([0, 1, 2, 3]) == {0: 0, 1: 0, 2: 0, 3: 0}
+    assert pricing.caps([0, 2]) == {0: 5, 2: 2}
+    one = DraftPricing(BatchCost(linear_cost))  # a backend that decodes any mix in one forward
+    one.rate = pricing.rate
+    assert one.caps([0, 1, 2, 3]) == {0: 2, 1: 0, 2: 1, 3: 1}
+
+
+def test_batch_cost_learns_from_a_round_of_several_forwards():
+    cost = BatchCost(linear_cost)
+    assert cost.round_seconds([4, 8]) == pytest.approx(linear_cost(4) + linear_cost(8))
+    cost.observe([4, 8], 1.5 * (linear_cost(4) + linear_cost(8)))  # both buckets learn the ratio
+    assert cost.seconds(4) == pytest.approx(1.5 * linear_cost(4))
+    assert cost.seconds(8) == pytest.approx(1.5 * linear_cost(8))
+    assert cost.seconds(2) == pytest.approx(linear_cost(2))

@@ -384,6 +384,30 @@ def test_parts_are_packed_in_sequence_order_whatever_order_they_come_in():
         [(1, 0, 3)], [(3, 0, 2), (0, 0, 1), (2, 0, 1)]]
 
 
+@pytest.mark.parametrize(("call", "n_ubatch", "sizes"), [
+    ([(0, 1), (1, 1), (2, 1), (3, 1)], 512, [4]),  # one token each: one forward
+    ([(0, 9), (1, 1), (2, 1), (3, 1)], 512, [4, 8]),  # a longer part: its rest alone
+    ([(0, 5), (1, 1), (2, 5), (3, 5)], 512, [4, 4, 8]),  # ... and a gap it leaves splits the rest
+    ([(0, 1), (2, 1)], 512, [1, 1]),  # ids not consecutive: never one forward
+    ([(1, 128), (2, 1)], 512, [2, 127]),  # a prompt chunk beside a decode
+    ([(0, 3), (1, 3)], 4, [4, 2]),  # at most n_ubatch tokens, the same from each
+])
+def test_ubatches_follow_llama_cpps_equal_split_over_separate_streams(call, n_ubatch, sizes):
+    from promptlookup.backends.llama_cpp import split_equal_sizes
+
+    assert split_equal_sizes(call, n_ubatch) == sizes
+
+
+def test_forward_sizes_are_each_calls_ubatches():
+    from promptlookup.backends.llama_cpp import LlamaCppBackend
+
+    many = SimpleNamespace(n_batch=512, n_seq=4)
+    assert LlamaCppBackend.forward_sizes(many, {2: 1, 0: 1, 3: 1, 1: 1}) == [4]
+    assert LlamaCppBackend.forward_sizes(many, {0: 600, 1: 1}) == [512, 2, 87]  # calls of [512], [88 + 1]
+    one = SimpleNamespace(n_batch=512, n_seq=1)
+    assert LlamaCppBackend.forward_sizes(one, {0: 600}) == [512, 88]
+
+
 def test_load_backend_passes_n_seq_and_only_llama_cpp_holds_several():
     import inspect
 

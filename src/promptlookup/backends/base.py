@@ -142,6 +142,11 @@ class BatchDecoder(Protocol):
     def is_eog(self, token: int) -> bool:
         """True when ``token`` ends generation (EOS, EOT, ...)."""
 
+    def forward_sizes(self, lengths: Mapping[int, int]) -> list[int]:
+        """The token counts of the forwards :meth:`decode_many` computes for parts feeding
+        ``lengths[seq]`` tokens each (what a round costs: the batch pricing sums a forward's cost
+        over them). ``[sum(lengths.values())]`` for a backend that decodes any mix in one forward."""
+
 
 def one_turn(user: str, system: str | None = None) -> list[dict[str, str]]:
     """The messages of a one-turn chat: an optional system message, then the user's."""

@@ -77,6 +77,63 @@ def default_threads() -> int:
     return available_cores()
 
 
+def pack_forwards(lengths: Sequence[tuple[int, int]], n_batch: int) -> list[list[tuple[int, int, int]]]:
+    """Pack parts feeding ``(seq, tokens)`` into ``llama_decode`` calls of at most ``n_batch`` tokens:
+    ``(part index, lo, hi)`` slices, in increasing sequence order. A part that fits in one call is
+    never split (it starts a new call when the current one has no room for it); a longer one fills
+    calls in order, as one long prompt is chunked at ``n_batch`` from its start when it is alone.
+
+    Why sequence order: with one KV stream per sequence, llama.cpp computes a call in ubatches that
+    each take sequences with consecutive ids in increasing order (:func:`split_equal_sizes`); parts
+    packed as they arrived (say sequences 2, 0, 3, 1) cost two forwards ({2, 3} then {0, 1}), packed
+    in order one (measured: four one-token parts 84 ms against 44 ms on 2 cores)."""
+    calls: list[list[tuple[int, int, int]]] = []
+    cur: list[tuple[int, int, int]] = []
+    room = n_batch
+    for k in sorted(range(len(lengths)), key=lambda k: lengths[k][0]):
+        m = lengths[k][1]
+        if room < m <= n_batch:
+            calls.append(cur)
+            cur, room = [], n_batch
+        lo = 0
+        while lo < m:
+            if room == 0:
+                calls.append(cur)
+                cur, room = [], n_batch
+            take = min(room, m - lo)
+            cur.append((k, lo, lo + take))
+            lo += take
+            room -= take
+    if cur:
+        calls.append(cur)
+    return calls
+
+
+def split_equal_sizes(call: Sequence[tuple[int, int]], n_ubatch: int) -> list[int]:
+    """The ubatches, in tokens, llama.cpp computes one ``llama_decode`` call in when each sequence
+    has its own KV stream (``kv_unified`` off: its ``split_equal`` with ``sequential``): ``call`` is
+    ``(seq, tokens)`` in increasing sequence order, as :func:`pack_forwards` lays it out.
+
+    Each ubatch takes the lowest sequence with tokens left and the sequences after it with
+    consecutive ids that still have tokens, and the same number of tokens from each: the fewest any
+    of them has left (at most ``n_ubatch`` in all). So parts of equal length on consecutive
+    sequences are one forward, and a longer part, or a gap in the ids, costs another."""
+    left = [[seq, n] for seq, n in call if n > 0]
+    sizes: list[int] = []
+    while left:
+        run = [left[0]]
+        for item in left[1:]:
+            if item[0] != run[-1][0] + 1:
+                break
+            run.append(item)
+        take = max(1, min(min(n for _, n in run), n_ubatch // len(run)))
+        for item in run:
+            item[1] -= take
+        sizes.append(take * len(run))
+        left = [item for item in left if item[1] > 0]
+    return sizes
+
+
 class LlamaCppBackend:
     """A loaded GGUF model with ``n_seq`` sequences of KV cache (one unless continuous batching).
 
@@ -335,37 +392,21 @@ class LlamaCppBackend:
                                        f"{self._seq_note(seq)}")
 
     def _chunks(self, parts: Sequence[SeqDecode]) -> list[list[tuple[int, int, int]]]:
-        """Pack the parts into forwards of at most ``n_batch`` tokens: ``(part, lo, hi)`` slices,
-        in increasing sequence order. A part that fits in one forward is never split (it starts a
-        new forward when the current one has no room for it); a longer one fills forwards in order,
-        as one long prompt is chunked at ``n_batch`` from its start when it is alone.
+        """The ``llama_decode`` calls for ``parts``: :func:`pack_forwards` of their lengths."""
+        return pack_forwards([(p.seq, len(p.ids)) for p in parts], self.n_batch)
 
-        Why sequence order: with one KV stream per sequence, llama.cpp computes a forward in
-        ubatches that each take sequences with consecutive ids in increasing order (its
-        ``split_equal``); parts packed as they arrived (say sequences 2, 0, 3, 1) cost two forwards
-        ({2, 3} then {0, 1}), packed in order one (measured: four one-token parts 84 ms against
-        44 ms on 2 cores)."""
-        chunks: list[list[tuple[int, int, int]]] = []
-        cur: list[tuple[int, int, int]] = []
-        room = self.n_batch
-        for k in sorted(range(len(parts)), key=lambda k: parts[k].seq):
-            part = parts[k]
-            m = len(part.ids)
-            if room < m <= self.n_batch:
-                chunks.append(cur)
-                cur, room = [], self.n_batch
-            lo = 0
-            while lo < m:
-                if room == 0:
-                    chunks.append(cur)
-                    cur, room = [], self.n_batch
-                take = min(room, m - lo)
-                cur.append((k, lo, lo + take))
-                lo += take
-                room -= take
-        if cur:
-            chunks.append(cur)
-        return chunks
+    def forward_sizes(self, lengths: Mapping[int, int]) -> list[int]:
+        """The token counts of the forwards llama.cpp computes for parts of these lengths: each
+        ``llama_decode`` call's ubatches (:func:`split_equal_sizes` with one KV stream per sequence,
+        the whole call with one sequence)."""
+        seqs = list(lengths.items())
+        sizes: list[int] = []
+        for call in pack_forwards(seqs, self.n_batch):
+            if self.n_seq == 1:
+                sizes.append(sum(hi - lo for _, lo, hi in call))
+            else:
+                sizes.extend(split_equal_sizes([(seqs[k][0], hi - lo) for k, lo, hi in call], self.n_batch))
+        return sizes
 
     def decode_many(self, parts: Sequence[SeqDecode]) -> list[list[int]]:
         """Decode every part at its sequence's next positions, in as few ``llama_decode`` calls as

@@ -9,7 +9,9 @@ a hand-set batch size; here the same arithmetic that makes a lone sequence draft
 stop, from two things measured as the server runs:
 
 - :class:`BatchCost`: seconds of one forward as a function of its total tokens (the backend's
-  measured single-sequence curve as prior, corrected per width bucket by the rounds' measured time);
+  measured single-sequence curve as prior, corrected per width bucket by the rounds' measured time),
+  summed over the forwards the backend computes a round in (``forwards``: llama.cpp with one KV
+  stream per sequence computes a round whose sequences feed different counts in several forwards);
 - each sequence's acceptance: per drafted token, the chance it is accepted given the ones before it
   were (a geometric model: a draft of ``k`` tokens confirms ``(1 - p**(k+1)) / (1 - p)`` tokens on
   average, its pending token included), from the sequence's own verifies, shrunk toward the pooled
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from promptlookup.drafting.base import MAX_DRAFT
@@ -56,15 +58,21 @@ class BatchCost:
     def seconds(self, tokens: int) -> float:
         return self.prior(max(1, tokens)) * self.ratio[self.bucket(tokens)]
 
-    def observe(self, tokens: int, seconds: float) -> None:
-        """A round of ``tokens`` tokens took ``seconds``."""
-        if tokens < 1 or not seconds > 0:
+    def round_seconds(self, forwards: Sequence[int]) -> float:
+        """Seconds of a round computed as forwards of these token counts."""
+        return sum(self.seconds(n) for n in forwards)
+
+    def observe(self, forwards: Sequence[int], seconds: float) -> None:
+        """A round computed as forwards of these token counts took ``seconds`` in all: each forward's
+        bucket learns the round's ratio to the prior (a round's forwards are not timed one by one)."""
+        forwards = [n for n in forwards if n >= 1]
+        if not forwards or not seconds > 0:
             return
-        i = self.bucket(tokens)
         lo, hi = RATIO_RANGE
-        r = min(max(seconds / self.prior(tokens), lo), hi)
-        self.ratio[i] = r if self.rounds[i] == 0 else self.ratio[i] + COST_ALPHA * (r - self.ratio[i])
-        self.rounds[i] += 1
+        r = min(max(seconds / sum(self.prior(n) for n in forwards), lo), hi)
+        for i in {self.bucket(n) for n in forwards}:
+            self.ratio[i] = r if self.rounds[i] == 0 else self.ratio[i] + COST_ALPHA * (r - self.ratio[i])
+            self.rounds[i] += 1
 
 
 @dataclass
@@ -88,12 +96,22 @@ def expected_confirmed(p: float, k: int) -> float:
     return sum(p**j for j in range(k + 1))
 
 
-class DraftPricing:
-    """Per round, the draft cap of every running sequence; see the module docstring."""
+def one_forward(lengths: Mapping[int, int]) -> list[int]:
+    """A round computed in one forward of all its tokens (a backend that mixes counts freely)."""
+    return [sum(lengths.values())]
 
-    def __init__(self, cost: BatchCost, max_draft: int = MAX_DRAFT) -> None:
+
+class DraftPricing:
+    """Per round, the draft cap of every running sequence; see the module docstring.
+
+    ``forwards``: the token counts of the forwards the backend computes a round in, from the tokens
+    each sequence feeds (the backend's ``forward_sizes``)."""
+
+    def __init__(self, cost: BatchCost, max_draft: int = MAX_DRAFT,
+                 forwards: Callable[[Mapping[int, int]], list[int]] = one_forward) -> None:
         self.cost = cost
         self.max_draft = max_draft
+        self.forwards = forwards
         self.seqs: dict[int, Acceptance] = {}
         self.pooled = Acceptance()
 
@@ -119,9 +137,9 @@ class DraftPricing:
             return {s: self.max_draft for s in seqs}
         p = {s: min(self.rate(s), 0.999) for s in seqs}
         caps = dict.fromkeys(seqs, 0)
-        tokens = len(seqs)  # every sequence feeds its pending token
+        fed = dict.fromkeys(seqs, 1)  # every sequence feeds its pending token
         expected = float(len(seqs))
-        best_rate = expected / self.cost.seconds(tokens)
+        best_rate = expected / self.cost.round_seconds(self.forwards(fed))
         best = dict(caps)
         # the next drafted token of each sequence, most likely accepted first
         heap = [(-p[s], s) for s in seqs]
@@ -129,9 +147,9 @@ class DraftPricing:
         while heap:
             neg_gain, s = heapq.heappop(heap)
             caps[s] += 1
-            tokens += 1
+            fed[s] += 1
             expected += -neg_gain
-            rate = expected / self.cost.seconds(tokens)
+            rate = expected / self.cost.round_seconds(self.forwards(fed))
             if rate > best_rate * MIN_GAIN:
                 best_rate, best = rate, dict(caps)
             if caps[s] < self.max_draft:

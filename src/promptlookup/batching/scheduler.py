@@ -74,7 +74,8 @@ class Scheduler:
             raise ValueError(f"prefill_chunk must be at least 1, got {prefill_chunk}")
         self.backend = backend
         self.prefill_chunk = min(prefill_chunk, backend.n_batch)
-        self.pricing = DraftPricing(BatchCost(cost)) if cost is not None else None
+        self.pricing = (DraftPricing(BatchCost(cost), forwards=backend.forward_sizes)
+                        if cost is not None else None)
         self.clock = clock
         self.stats = RoundStats()
         self._lock = threading.Lock()
@@ -219,7 +220,7 @@ class Scheduler:
         for t, r in zip(tickets, results, strict=True):
             t.result = r
         if self.pricing is not None:
-            self.pricing.cost.observe(tokens, seconds)
+            self.pricing.cost.observe(self.backend.forward_sizes({p.seq: len(p.ids) for p in parts}), seconds)
             for p, r in zip(parts, results, strict=True):
                 drafted = len(p.ids) - 1
                 if p.want == "all" and drafted > 0:
