@@ -13,9 +13,9 @@ reuses the cache of, another level's requests):
 - ``ours``         ``promptlookup serve`` as shipped (continuous batching, ``--parallel`` default, auto)
 - ``ours-off``     the same, ``--speculate off``
 - ``ours-fifo``    ``--parallel 1``: one request at a time, as before continuous batching
-- ``ours-np16``    ``--parallel 16``
-- ``ls-np4`` / ``ls-np16``            llama-server ``-np 4`` / ``-np 16`` (continuous batching), plain
-- ``ls-np4-spec`` / ``ls-np16-spec``  the same with its n-gram drafting (``--spec-default``)
+- ``ours-npN`` / ``ours-npN-off``     ``--parallel N`` (any N), auto / ``--speculate off``
+- ``ls-npN``       llama-server ``-np N`` (any N; continuous batching), plain
+- ``ls-npN-spec``  the same with its n-gram drafting (``--spec-default``)
 - ``lcp``          llama-cpp-python's server (one request at a time)
 
 Per row and level: total generated tokens per second (all tokens over the level's wall time), time to
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import tempfile
 import time
@@ -61,8 +62,9 @@ THINGS = ["lighthouse", "fox", "river", "clock", "garden", "train", "violin", "m
 # the untimed first request of every server: nothing the timed requests ask
 WARM_UP = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 4, "temperature": 0,
            "stream": True}
-ROWS = ("ours", "ours-off", "ours-fifo", "ours-np16", "ls-np4", "ls-np16", "ls-np4-spec", "ls-np16-spec",
-        "lcp")
+ROWS = ("ours", "ours-off", "ours-fifo", "ours-np4", "ours-np8", "ours-np8-off", "ls-np4", "ls-np8",
+        "ls-np4-spec", "ls-np8-spec", "lcp")
+ROW_NP = re.compile(r"(ours|ls)-np([1-9][0-9]*)(-off|-spec)?")
 OUR_SRC = Path(__file__).resolve().parents[1] / "src"
 
 
@@ -89,10 +91,14 @@ def row_spec(key: str, args: argparse.Namespace) -> RowSpec:
         return RowSpec(key, "promptlookup serve --speculate off", [*ours, "--speculate", "off"], ours_env)
     if key == "ours-fifo":
         return RowSpec(key, "promptlookup serve --parallel 1", [*ours, "--parallel", "1"], ours_env)
-    if key == "ours-np16":
-        return RowSpec(key, "promptlookup serve --parallel 16", [*ours, "--parallel", "16"], ours_env)
-    if key.startswith("ls-"):
-        np_ = 16 if "np16" in key else 4
+    m = ROW_NP.fullmatch(key)
+    if m and m[1] == "ours" and m[3] != "-spec":
+        argv, label = [*ours, "--parallel", m[2]], f"promptlookup serve --parallel {m[2]}"
+        if m[3]:
+            argv, label = [*argv, "--speculate", "off"], label + " --speculate off"
+        return RowSpec(key, label, argv, ours_env)
+    if m and m[1] == "ls" and m[3] != "-off":
+        np_ = int(m[2])
         argv = [str(args.llama_server), "-m", model, "-t", t, "-tb", t, "-c", str(ctx * np_),
                 "-np", str(np_), "--host", "127.0.0.1"]
         label = f"llama-server -np {np_}"
@@ -159,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         args.model = bundled_model_path()
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     levels = [int(x) for x in args.clients.split(",")]
+    for key in rows:
+        row_spec(key, args)  # an unknown row stops here, before any server runs
     if any(r.startswith("ls-") for r in rows) and args.llama_server is None:
         import llama_tools
 
