@@ -6,7 +6,9 @@ Rows (one engine each, all alive at once, enforce_eager, bf16 by default):
 ``plain`` (no speculation), ``ngram`` (vLLM's defaults: lookup 5..5, K=3), ``ngram8`` (its best
 fixed setting on copy_edit in our earlier sweep: lookup 2..4, K=8), ``suffix`` (ArcticInference's
 suffix trees, K=8; only if ``arctic_inference`` is importable), ``ours`` (promptlookup's suffix
-source with its cross-request history, K=8) and ``ours3`` (the same, K=3).
+source with its cross-request history, K=8), ``ours-auto`` (our ``auto`` source: it picks a source
+and a draft length per step from measured step times, K=8 at most) and the K sweep of our default
+source: ``ours3``, ``ours5``, ``ours12`` (K=3, 5, 12; not in the default rows).
 
 Workloads: copy_edit, prose, quote_doc (one request each), the two-request session (the second
 request is measured; the history-keeping rows have just seen the first), and ``batch8``: 8 different
@@ -41,8 +43,15 @@ ROWS = {
                "prompt_lookup_min": 2, "prompt_lookup_max": 4},
     "suffix": {"method": "suffix", "num_speculative_tokens": 8},
     "ours": {"method": "custom_class", "model": OURS, "num_speculative_tokens": 8},
+    "ours-auto": {"method": "custom_class", "model": OURS, "num_speculative_tokens": 8},
     "ours3": {"method": "custom_class", "model": OURS, "num_speculative_tokens": 3},
+    "ours5": {"method": "custom_class", "model": OURS, "num_speculative_tokens": 5},
+    "ours12": {"method": "custom_class", "model": OURS, "num_speculative_tokens": 12},
 }
+DEFAULT_ROWS = ("plain", "ngram", "ngram8", "suffix", "ours", "ours-auto", "ours3")
+# our proposer's settings that vLLM's config cannot carry (docs/vllm.md): the environment of the
+# engine's process, set while that engine starts (its engine-core process copies it)
+ROW_ENV = {"ours-auto": {"PROMPTLOOKUP_VLLM_SOURCE": "auto"}}
 BATCH_EXTRA = ["Name three uses of a hash table.", "Describe how rain forms, in one paragraph.",
                "Write a Python function that reverses a linked list.", "What is a mutex? Explain briefly."]
 
@@ -82,7 +91,7 @@ def counters(llm) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=str(ROOT / ".venv-vllm" / "smollm2-hf"))
-    ap.add_argument("--rows", default=",".join(ROWS))
+    ap.add_argument("--rows", default=",".join(DEFAULT_ROWS), help=f"any of {', '.join(ROWS)}")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--dtype", default="bfloat16")
@@ -97,6 +106,10 @@ def main() -> None:
     from vllm.inputs import TokensPrompt
 
     rows = a.rows.split(",")
+    unknown = [r for r in rows if r not in ROWS]
+    if unknown:
+        raise SystemExit(f"vllm_proposers: error: unknown row(s) {', '.join(unknown)} "
+                         f"(rows: {', '.join(ROWS)})")
     if "suffix" in rows:
         try:
             import arctic_inference  # noqa: F401
@@ -119,8 +132,18 @@ def main() -> None:
     engines = {}
     for name in rows:
         t0 = time.time()
-        engines[name] = LLM(model=a.model, dtype=a.dtype, enforce_eager=True, max_model_len=4096, seed=0,
-                            disable_log_stats=False, max_num_seqs=8, speculative_config=ROWS[name])
+        saved = {k: os.environ.get(k) for k in ROW_ENV.get(name, {})}
+        os.environ.update(ROW_ENV.get(name, {}))
+        try:
+            engines[name] = LLM(model=a.model, dtype=a.dtype, enforce_eager=True, max_model_len=4096,
+                                seed=0, disable_log_stats=False, max_num_seqs=8,
+                                speculative_config=ROWS[name])
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
         counter = SpecCounter()
         engines[name].llm_engine.logger_manager.stat_loggers.append(counter)
         engines[name]._promptlookup_counter = counter
