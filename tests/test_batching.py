@@ -281,6 +281,7 @@ def test_engine_refuses_parallel_without_a_batching_backend():
 
 # -- slots -------------------------------------------------------------------------------------------
 def test_a_request_takes_the_free_slot_with_its_prompt_cached_else_an_empty_or_the_longest_idle():
+    """With nothing else running (no gap to choose by)."""
     a, b, c, d = (Slot(i, ByteModel()) for i in range(4))
     pool = SlotPool([a, b, c, d])
     for slot, text in ((a, b"abcdef"), (b, b"abcxyz"), (c, b"zzz")):
@@ -288,18 +289,37 @@ def test_a_request_takes_the_free_slot_with_its_prompt_cached_else_an_empty_or_t
         slot.cache_valid = True
     got, keep = pool.acquire(list(b"abcxyq"))
     assert (got, keep) == (b, 5)  # keeps the most (a would keep 3)
-    got, keep = pool.acquire(list(b"abq"))  # a keeps 2 of its 6: it does not fit, the empty d does
+    pool.release(b)
+    got, keep = pool.acquire(list(b"abq"))  # a and b keep 2 of their 6: they do not fit, the empty d does
     assert (got, keep) == (d, 0)
+    pool.release(d)
     got, keep = pool.acquire(list(b"abcdeq"))
     assert (got, keep) == (a, 5)
-    got, keep = pool.acquire(list(b"qqq"))  # the last free slot, whatever it holds
-    assert (got, keep) == (c, 0)
-    assert pool.busy == 4
+    pool.release(a)
     for slot in (a, b, c, d):
-        pool.release(slot)
-    a.cache_valid = b.cache_valid = False  # nothing fits better than empty: the one idle longest
+        slot.cache_valid = False  # nothing fits better than another: the one idle longest
     got, keep = pool.acquire(list(b"abcdef"))
-    assert (got, keep) == (b, 0)
+    assert (got, keep) == (c, 0)
+
+
+def test_a_request_keeps_the_running_sequences_consecutive_before_it_keeps_a_cached_prompt():
+    """llama.cpp computes sequences with a gap between their ids in separate forwards: a request that
+    continues no cache takes the slot that leaves the fewest runs of consecutive ids, even over a
+    cached prompt it does not continue; one that continues a cache still goes there."""
+    slots = [Slot(i, ByteModel()) for i in range(8)]
+    pool = SlotPool(slots)
+    got = [pool.acquire(list(b"q%d" % i))[0].seq for i in range(4)]
+    assert got == [0, 1, 2, 3]  # each next to the ones running
+    slots[1].decoder.prefill(list(b"abcdef"))
+    slots[1].cache_valid = True
+    pool.release(slots[1])
+    assert pool.acquire(list(b"zz")) == (slots[1], 0)  # not the empty 4: that would run 0, 2-4
+    pool.release(slots[1])
+    slots[1].decoder.prefill(list(b"abcdef"))
+    assert pool.acquire(list(b"abcdefgh")) == (slots[1], 6)
+    pool.release(slots[2])
+    pool.release(slots[3])  # running 0, 1: the next goes to 2, not to the idle-longest 4
+    assert pool.acquire(list(b"yy"))[0] is slots[2]
 
 
 # -- the loop's cap ----------------------------------------------------------------------------------

@@ -354,3 +354,21 @@ def test_tools_on_the_command_line(capsys, tmp_path):
     call = json.loads(lines[1])
     assert (call["type"], call["function"]) == ("function", {"name": "read_file",
                                                              "arguments": '{"path": "data.json.json"}'})
+
+
+@requires_model
+def test_serve_decodes_4_requests_together_by_default_fewer_where_their_caches_do_not_fit(monkeypatch):
+    from promptlookup.backends import models
+    from promptlookup.serve.app import DEFAULT_PARALLEL, default_parallel
+
+    assert DEFAULT_PARALLEL == 4
+    assert default_parallel("llama.cpp", None, 4096) == (4, None)
+    assert default_parallel("transformers", None, 4096) == (1, None)  # one sequence at a time
+    assert default_parallel("llama.cpp", "/nonexistent.gguf", 4096) == (4, None)  # the engine names it
+    _, per_token = models.kv_cache_estimate(models.bundled_model_path())
+    monkeypatch.setattr(models, "available_memory", lambda: 2 * 4096 * per_token + 1)
+    n, why = default_parallel("llama.cpp", None, 4096)
+    assert (n, why) == (2, "--parallel defaults to 2, not 4: the KV caches of 4 x 4096 positions do not "
+                           "fit in the memory available")
+    monkeypatch.setattr(models, "available_memory", lambda: 1)
+    assert default_parallel("llama.cpp", None, 4096) == (1, None)  # the engine refuses it when it loads

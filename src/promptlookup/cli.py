@@ -341,8 +341,8 @@ def _add_serve_command(sub) -> None:
                                "--suffix-history-budget": ("--history-budget",)})
     s.add_argument("--parallel", "-np", type=_int_in(1, MAX_PARALLEL, "--parallel"), metavar="N",
                    help=f"requests decoded together by continuous batching, each with --ctx-size "
-                        f"positions of its own (default {DEFAULT_PARALLEL}: one at a time, as a FIFO; "
-                        "llama.cpp only)")
+                        f"positions of its own (default {DEFAULT_PARALLEL} on llama.cpp, fewer where "
+                        "their caches do not fit in memory; 1 on transformers: one at a time)")
     s.add_argument("--prefill-chunk", type=_int_in(1, 1 << 16, "--prefill-chunk"),
                    default=DEFAULT_PREFILL_CHUNK, metavar="TOKENS",
                    help="prompt tokens read per batched step, so running requests keep decoding while a "
@@ -370,7 +370,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from promptlookup.api import Engine
     from promptlookup.drafting.spec import SourceSpec
-    from promptlookup.serve.app import DEFAULT_PARALLEL, Settings
+    from promptlookup.serve.app import Settings, default_parallel
     from promptlookup.serve.server import run_server
 
     spec = SourceSpec.parse(args.speculate)  # a bad setting fails before the model loads
@@ -380,13 +380,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1") and key is None:
         print(f"promptlookup serve: warning: listening on {args.host} with no --api-key: anyone who can "
               "reach it can use the model", file=sys.stderr)
+    parallel = args.parallel
+    if parallel is None:
+        parallel, why = default_parallel(args.backend, args.model, args.ctx_size)
+        if why:
+            print(f"promptlookup serve: {why}", file=sys.stderr)
     settings = Settings(max_queue=args.max_queue, timeout=args.timeout, api_key=key, max_body=args.max_body,
                         model_alias=args.model_alias, history_save_every=args.history_save_every)
     engine = Engine(args.model, args.backend, threads=args.threads, n_ctx=args.ctx_size, speculate=spec,
                     history=args.suffix_history, history_budget=args.suffix_history_budget,
                     corpus=args.suffix_corpus,
                     lookup_static=args.lookup_cache_static, cost_curve=args.cost_curve,
-                    parallel=args.parallel or DEFAULT_PARALLEL,
+                    parallel=parallel,
                     prefill_chunk=args.prefill_chunk)
     try:
         return run_server(engine, settings, args.host, args.port)

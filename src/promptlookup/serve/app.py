@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,12 +46,40 @@ from promptlookup.tools import format_for
 
 log = logging.getLogger("promptlookup.serve")
 
-#: requests decoded together by default: one (a FIFO), because on the 2-core development machine a
-#: batched forward of 4 one-token sequences inside the server cost about 4 single ones (80 ms against
-#: 21 ms) where the same forward in isolation costs about 2 (docs/results.md, many users at once): until
-#: that is understood, batching is what a user asks for with --parallel N, not what every user gets
-DEFAULT_PARALLEL = 1
+#: requests decoded together by default on llama.cpp (fewer where their KV caches do not fit in
+#: memory; one on a backend that cannot batch): see default_parallel
+DEFAULT_PARALLEL = 4
 MAX_SPECULATE_SETTINGS = 16  # distinct draft source settings one server builds (each keeps its state)
+
+
+def default_parallel(backend: str, model: str | os.PathLike[str] | None,
+                     n_ctx: int) -> tuple[int, str | None]:
+    """``--parallel`` when it is not given, and a line saying why where it is not the default.
+
+    Why 4: on the 2-core development machine 4 slots decoded 1.4-1.5x the tokens per second of one
+    request at a time at 4 and 16 clients and were no slower at one client (docs/results.md, many
+    users at once); 8 were slower at 4 clients than 4 (more sequences' separate caches to attend to,
+    for the same batch). Each slot holds ``n_ctx`` positions of its own, so where
+    ``DEFAULT_PARALLEL x n_ctx`` does not fit in memory the default is the most slots that do.
+    Not on transformers: it decodes one sequence at a time."""
+    from promptlookup.backends.models import ModelError, check_context, resolve_model
+
+    if backend != "llama.cpp":
+        return 1, None
+    try:
+        path = resolve_model(model)
+    except ModelError:
+        return DEFAULT_PARALLEL, None  # the engine names the problem when it loads the model
+    for n in range(DEFAULT_PARALLEL, 0, -1):
+        try:
+            check_context(path, n_ctx, n)
+        except ModelError:
+            continue
+        if n == DEFAULT_PARALLEL:
+            return n, None
+        return n, (f"--parallel defaults to {n}, not {DEFAULT_PARALLEL}: the KV caches of "
+                   f"{DEFAULT_PARALLEL} x {n_ctx} positions do not fit in the memory available")
+    return 1, None  # not even one fits: the engine says so when it loads
 
 
 @dataclass(frozen=True)
