@@ -18,6 +18,9 @@ reuses the cache of, another level's requests):
 - ``ls-npN-spec``  the same with its n-gram drafting (``--spec-default``)
 - ``lcp``          llama-cpp-python's server (one request at a time)
 
+Within a level the rows take turns, ``--repeat`` passes (rotated each pass), so a machine whose
+speed drifts over minutes drifts under every row alike; the table gives each row's median.
+
 Per row and level: total generated tokens per second (all tokens over the level's wall time), time to
 first token and end-to-end latency, p50 and p95, errors. Every server gets the same threads and
 context per sequence (llama-server's ``-c`` is the total, split among its slots, so it gets
@@ -31,6 +34,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import statistics
 import sys
 import tempfile
 import time
@@ -155,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated (default all: {','.join(ROWS)})")
     p.add_argument("--clients", default="1,4,16", help="concurrency levels (default 1,4,16)")
     p.add_argument("--requests", type=int, default=16, help="requests per level (default 16)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="passes per level, rows taking turns (default 1); the table gives each row's "
+                        "median and, with more than one, every pass's tok/s")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--request-timeout", type=float, default=600.0)
     p.add_argument("--llama-server", help="llama-server binary (default: built by benchmarks/llama_tools.py)")
@@ -167,30 +174,51 @@ def main(argv: list[str] | None = None) -> int:
     levels = [int(x) for x in args.clients.split(",")]
     for key in rows:
         row_spec(key, args)  # an unknown row stops here, before any server runs
+    if args.repeat < 1:
+        raise SystemExit("serve_batch: error: --repeat must be at least 1")
     if any(r.startswith("ls-") for r in rows) and args.llama_server is None:
         import llama_tools
 
         args.llama_server = llama_tools.ensure_server()
     print(f"# serve_batch: {machine_line()}; -t {args.threads}, {args.requests} requests per level, "
-          f"{args.max_tokens} tokens, ctx {args.ctx} per sequence", flush=True)
+          f"{args.max_tokens} tokens, ctx {args.ctx} per sequence, {args.repeat} pass(es) per level, "
+          "rows interleaved", flush=True)
+    logdir = Path(tempfile.mkdtemp(prefix="serve_batch-"))
+    specs = {key: row_spec(key, args) for key in rows}
+    got: dict[tuple[str, int], list[dict]] = {}
+    for clients in levels:
+        for rep in range(args.repeat):
+            # rows take turns within a level (rotated each pass), so a machine whose speed drifts
+            # over minutes drifts under every row alike
+            k = rep % len(rows)
+            for key in rows[k:] + rows[:k]:
+                spec = specs[key]
+                # a fresh server per run: no run drafts from, or reuses the cache of, another's requests
+                try:
+                    with Server(spec, logdir / f"{key}-{clients}-{rep}.log", start_timeout=600) as server:
+                        parse_stream(server.stream_chat({**WARM_UP, "model": server.model_id(),
+                                                         **spec.extra_body}, 120))  # untimed
+                        r = run_level(server, spec, clients, args)
+                except RuntimeError as exc:
+                    print(f"<!-- {key} x{clients} pass {rep + 1}: failed to start: {exc} -->", flush=True)
+                    continue
+                got.setdefault((key, clients), []).append(r)
+                print(f"<!-- {key} x{clients} pass {rep + 1}: {r['tok_s']:.1f} tok/s, "
+                      f"errors {r['errors']} {r['first_error']} -->", flush=True)
     print("| row | clients | tok/s | TTFT p50 | TTFT p95 | e2e p50 | e2e p95 | errors |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|", flush=True)
-    logdir = Path(tempfile.mkdtemp(prefix="serve_batch-"))
     for key in rows:
-        spec = row_spec(key, args)
-        for clients in levels:  # a fresh server per level: no level drafts from another's answers
-            try:
-                with Server(spec, logdir / f"{key}-{clients}.log", start_timeout=600) as server:
-                    parse_stream(server.stream_chat({**WARM_UP, "model": server.model_id(),
-                                                     **spec.extra_body}, 120))  # untimed
-                    r = run_level(server, spec, clients, args)
-            except RuntimeError as exc:
-                print(f"| {spec.label} | {clients} | failed to start: {exc} |||||| ", flush=True)
+        for clients in levels:
+            rs = got.get((key, clients))
+            if not rs:
+                print(f"| {specs[key].label} | {clients} | failed to start |||||| ")
                 continue
-            print(f"| {spec.label} | {clients} | {r['tok_s']:.1f} | {r['ttft50']:.2f} | "
-                  f"{r['ttft95']:.2f} | {r['e2e50']:.2f} | {r['e2e95']:.2f} | {r['errors']} |", flush=True)
-            if r["errors"]:
-                print(f"<!-- {key} x{clients}: {r['first_error']} -->", flush=True)
+            fields = ("tok_s", "ttft50", "ttft95", "e2e50", "e2e95")
+            med = {f: statistics.median(r[f] for r in rs) for f in fields}
+            tok = "/".join(f"{r['tok_s']:.1f}" for r in rs) if len(rs) > 1 else ""
+            print(f"| {specs[key].label} | {clients} | {med['tok_s']:.1f}{f' ({tok})' if tok else ''} | "
+                  f"{med['ttft50']:.2f} | {med['ttft95']:.2f} | {med['e2e50']:.2f} | {med['e2e95']:.2f} | "
+                  f"{sum(r['errors'] for r in rs)} |")
     print(f"<!-- server logs: {logdir} -->")
     return 0
 
