@@ -56,12 +56,11 @@ def default_parallel(backend: str, model: str | os.PathLike[str] | None,
                      n_ctx: int) -> tuple[int, str | None]:
     """``--parallel`` when it is not given, and a line saying why where it is not the default.
 
-    Why 4: on the 2-core development machine 4 slots decoded 1.4-1.5x the tokens per second of one
-    request at a time at 4 and 16 clients and were no slower at one client (docs/results.md, many
-    users at once); 8 were slower at 4 clients than 4 (more sequences' separate caches to attend to,
-    for the same batch). Each slot holds ``n_ctx`` positions of its own, so where
-    ``DEFAULT_PARALLEL x n_ctx`` does not fit in memory the default is the most slots that do.
-    Not on transformers: it decodes one sequence at a time."""
+    Why 4: on the 2-core development machine 4 slots served 1.3x the tokens per second of one
+    request at a time at 4 and 16 clients and were no slower at one client; 8 did no better at 16
+    clients and worse at 4 (docs/results.md, many users at once). Each slot holds ``n_ctx``
+    positions of its own, so where ``DEFAULT_PARALLEL x n_ctx`` does not fit in memory the default
+    is the most slots that do. Not on transformers: it decodes one sequence at a time."""
     from promptlookup.backends.models import ModelError, check_context, resolve_model
 
     if backend != "llama.cpp":
