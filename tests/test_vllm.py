@@ -106,6 +106,23 @@ def test_empty_sampled_row_gets_no_draft_and_keeps_its_request():
     assert log == [(0, "reset", [1, 2, 3]), (0, "extend", [4])]  # no feedback: the empty step drafted nothing
 
 
+def test_a_plain_step_is_fed_back_too():
+    """A source asked for a draft that drafted nothing still hears what the plain step cost (fed 1):
+    auto measures its plain baseline from those, and without them forced plain steps forever."""
+    log: list = []
+
+    class Empty(Recorder):
+        def propose(self, k):
+            return Draft((), "rec")
+
+    t = RowTracker(lambda: Empty(log, 0), 2, MAX_LEN, clock=lambda: 0.0)
+    b = Batch()
+    b.put(0, [1, 2, 3])
+    assert t.step([[3]], b.n, b.ids) == [[]]
+    assert t.step([b.add(0, [4])], b.n, b.ids) == [[]]
+    assert log == [(0, "reset", [1, 2, 3]), (0, "feedback", 1, 1), (0, "extend", [4])]
+
+
 def test_condensed_batch_keeps_each_request_with_its_source():
     t, log = tracker()
     b = Batch()

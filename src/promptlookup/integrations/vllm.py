@@ -85,6 +85,7 @@ class Slot:
     buf: np.ndarray = field(default_factory=lambda: np.zeros(256, dtype=np.int32))
     n: int = 0
     last_draft: int = 0  # tokens drafted for it last step
+    asked: bool = False  # whether its source was asked for last step's draft (an empty one counts)
 
     def set_tokens(self, row: np.ndarray, n: int) -> None:
         if n > len(self.buf):
@@ -163,6 +164,7 @@ class RowTracker:
             if m == 0:  # no draft wanted (a prefill chunk): keep the row's request as it was
                 if slot.n <= int(num_tokens[i]):
                     slot.last_draft = 0  # what it drafted before is not what the next step verifies
+                    slot.asked = False
                     new_rows[i] = slot
                     taken.add(id(slot))
                 continue
@@ -196,6 +198,7 @@ class RowTracker:
             s.source.commit()
             s.n = 0
             s.last_draft = 0
+            s.asked = False
             self.free.append(s)
             self.committed += 1
         if ended and self.on_commit is not None:
@@ -225,8 +228,11 @@ class RowTracker:
                 slot.set_tokens(row, n)
                 self.requests += 1
             elif slot.n < n:
-                if slot.last_draft and gap is not None and slot.n == n - m:
-                    # the time since the last call is the engine step that verified this row's draft
+                if slot.asked and gap is not None and slot.n == n - m:
+                    # the time since the last call is the engine step that verified this row's draft,
+                    # or decoded it plainly where the source drafted nothing: auto learns the cost of
+                    # a plain step from those (without them it kept forcing plain steps to measure
+                    # one, and never drafted)
                     slot.source.feedback(StepFeedback(fed=1 + slot.last_draft, confirmed=m,
                                                       verify_s=gap, draft_s=self.call_s))
                 start = slot.n
@@ -234,9 +240,11 @@ class RowTracker:
                 slot.append(row, start, n)
             k = min(self.k, self.max_len - n - 1)
             draft = list(slot.source.propose(k).tokens[:k]) if k > 0 else []
+            slot.asked = k > 0
         except ValueError:  # a token our source refuses (outside the vocabulary): no draft, no crash
             self.errors += 1
             slot.n = 0  # start afresh next time this row drafts
+            slot.asked = False
             draft = []
         slot.last_draft = len(draft)
         self.drafted_tokens += len(draft)
