@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     levels = [int(x) for x in args.clients.split(",")]
     for key in rows:
-        row_spec(key, args)  # an unknown row stops here, before any server runs
+        row_spec(key, args)  # an unknown row stops here, before llama-server is built or any server runs
     if args.repeat < 1:
         raise SystemExit("serve_batch: error: --repeat must be at least 1")
     if any(r.startswith("ls-") for r in rows) and args.llama_server is None:
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.max_tokens} tokens, ctx {args.ctx} per sequence, {args.repeat} pass(es) per level, "
           "rows interleaved", flush=True)
     logdir = Path(tempfile.mkdtemp(prefix="serve_batch-"))
-    specs = {key: row_spec(key, args) for key in rows}
+    specs = {key: row_spec(key, args) for key in rows}  # again: ls- rows need the binary built above
     got: dict[tuple[str, int], list[dict]] = {}
     for clients in levels:
         for rep in range(args.repeat):

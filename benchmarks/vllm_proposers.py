@@ -32,6 +32,7 @@ import platform
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / "benchmarks" / "workloads"
@@ -132,18 +133,10 @@ def main() -> None:
     engines = {}
     for name in rows:
         t0 = time.time()
-        saved = {k: os.environ.get(k) for k in ROW_ENV.get(name, {})}
-        os.environ.update(ROW_ENV.get(name, {}))
-        try:
+        with mock.patch.dict(os.environ, ROW_ENV.get(name, {})):  # restored once the engine is up
             engines[name] = LLM(model=a.model, dtype=a.dtype, enforce_eager=True, max_model_len=4096,
                                 seed=0, disable_log_stats=False, max_num_seqs=8,
                                 speculative_config=ROWS[name])
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
         counter = SpecCounter()
         engines[name].llm_engine.logger_manager.stat_loggers.append(counter)
         engines[name]._promptlookup_counter = counter
