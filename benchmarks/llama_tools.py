@@ -54,10 +54,18 @@ def source_dir() -> Path:
     return src
 
 
+def _key(build) -> str:
+    """The build folder's key: the CMake flags only. The tools are built from the unpatched source
+    (llama.cpp as its users run it, with set-up's kernel and ISA flags); set-up's source patches
+    concern our library's wheel alone."""
+    lb = _llama_build()
+    return lb.wheelhouse_key(lb.LLAMA_CPP_PYTHON_VERSION, build.args, lb.compiler_id())
+
+
 def bin_dir(mode: str = "host") -> Path:
     """Where the programs of this build mode live (the folder name carries the flags' key)."""
     lb = _llama_build()
-    return source_dir() / f"build-{lb.plan(mode, ROOT).key}" / "bin"
+    return source_dir() / f"build-{_key(lb.plan(mode, ROOT))}" / "bin"
 
 
 def ensure_tools(targets: tuple[str, ...], mode: str = "host") -> Path:
@@ -69,7 +77,7 @@ def ensure_tools(targets: tuple[str, ...], mode: str = "host") -> Path:
         return out
     src = source_dir()
     build_dir = out.parent
-    _log(f"building {', '.join(targets)} ({mode} ISA, key {build.key}; ~10 min on 2 cores)")
+    _log(f"building {', '.join(targets)} ({mode} ISA, key {_key(build)}; ~10 min on 2 cores)")
     subprocess.run(["cmake", "-S", str(src), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
                     "-DLLAMA_CURL=OFF", *_SERVER_ARGS, *build.args], check=True)
     subprocess.run(["nice", "cmake", "--build", str(build_dir), "-j", str(os.cpu_count() or 2), "--target",

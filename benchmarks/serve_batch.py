@@ -13,6 +13,7 @@ reuses the cache of, another level's requests):
 - ``ours``         ``promptlookup serve`` as shipped (continuous batching, ``--parallel`` default, auto)
 - ``ours-off``     the same, ``--speculate off``
 - ``ours-fifo``    ``--parallel 1``: one request at a time, as before continuous batching
+- ``ours-nofa``    ``ours`` with flash attention off (``PROMPTLOOKUP_FLASH_ATTENTION=off``)
 - ``ours-npN`` / ``ours-npN-off``     ``--parallel N`` (any N), auto / ``--speculate off``
 - ``ls-npN``       llama-server ``-np N`` (any N; continuous batching), plain
 - ``ls-npN-spec``  the same with its n-gram drafting (``--spec-default``)
@@ -66,8 +67,8 @@ THINGS = ["lighthouse", "fox", "river", "clock", "garden", "train", "violin", "m
 # the untimed first request of every server: nothing the timed requests ask
 WARM_UP = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 4, "temperature": 0,
            "stream": True}
-ROWS = ("ours", "ours-off", "ours-fifo", "ours-np4", "ours-np8", "ours-np8-off", "ls-np4", "ls-np8",
-        "ls-np4-spec", "ls-np8-spec", "lcp")
+ROWS = ("ours", "ours-off", "ours-fifo", "ours-nofa", "ours-np4", "ours-np8", "ours-np8-off", "ls-np4",
+        "ls-np8", "ls-np4-spec", "ls-np8-spec", "lcp")
 ROW_NP = re.compile(r"(ours|ls)-np([1-9][0-9]*)(-off|-spec)?")
 OUR_SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -93,6 +94,9 @@ def row_spec(key: str, args: argparse.Namespace) -> RowSpec:
         return RowSpec(key, "promptlookup serve", ours, ours_env)
     if key == "ours-off":
         return RowSpec(key, "promptlookup serve --speculate off", [*ours, "--speculate", "off"], ours_env)
+    if key == "ours-nofa":
+        return RowSpec(key, "promptlookup serve, flash attention off", ours,
+                       {**ours_env, "PROMPTLOOKUP_FLASH_ATTENTION": "off"})
     if key == "ours-fifo":
         return RowSpec(key, "promptlookup serve --parallel 1", [*ours, "--parallel", "1"], ours_env)
     m = ROW_NP.fullmatch(key)

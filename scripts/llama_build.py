@@ -11,6 +11,11 @@ By default it also leaves out the matmul kernels whose result for a row depends 
 (:data:`INVARIANT_ARGS`: llamafile's tinyBLAS and the repacked layouts), so a position's logits are
 bit-identical whether it is decoded alone or in a verify batch and speculative output equals plain
 decoding (docs/exactness.md: measured ~10% slower prefill, 0-10% dearer verify steps, same decode).
+The invariant build also patches one line of ggml's CPU flash attention (:data:`SOURCE_PATCHES`):
+upstream picks a KV-split reduction for a one-token decode over 512+ cells and a tiled one for 64+
+query rows, so a row's attention would depend on the batch; patched, every batch shape takes the
+one per-row path (the reference path upstream keeps for testing), and the build says so in its system
+info (``FA_ONE_PATH = 1``), which is how the backend knows it may turn flash attention on.
 ``--kernels fast`` (or ``PROMPTLOOKUP_LLAMA_KERNELS=fast``) keeps llama.cpp's defaults.
 
 The wheel is kept in a wheelhouse keyed by everything that decides its bytes (package version, the
@@ -33,6 +38,8 @@ import platform
 import shlex
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -69,6 +76,57 @@ KERNELS = ("invariant", "fast")
 DEFAULT_KERNELS = "invariant"
 INVARIANT_ARGS = ("-DGGML_LLAMAFILE=OFF", "-DGGML_CPU_REPACK=OFF")
 KERNELS_ENV = "PROMPTLOOKUP_LLAMA_KERNELS"
+
+
+@dataclass(frozen=True)
+class SourcePatch:
+    """One exact text replacement in the llama-cpp-python source tree: ``old`` must occur exactly
+    once in ``path`` (else the pinned version is not the one this was written for, and set-up stops
+    rather than build something unproven)."""
+    path: str
+    old: str
+    new: str
+
+
+#: the invariant build's patches to the vendored ggml (0.3.36). Flash attention on the CPU chooses
+#: among three reductions by batch shape: a KV split across threads for one query row over 512+
+#: cells, 64-row tiles for 64+ query rows, else one row at a time over every cell in order. The last
+#: is the same arithmetic for a row whatever else is in the batch (masked cells are skipped, so the
+#: padding of the attended cells does not matter either); ggml keeps it as its reference path
+#: (``use_ref``). The patch takes it always, and adds ``FA_ONE_PATH = 1`` to the system info.
+FA_ONE_PATH_MARK = "FA_ONE_PATH = 1"
+SOURCE_PATCHES = (
+    SourcePatch(
+        "vendor/llama.cpp/ggml/src/ggml-cpu/ops.cpp",
+        "    const bool use_ref = params->use_ref;\n",
+        "    const bool use_ref = true;  // promptlookup: one reduction order for every batch shape\n",
+    ),
+    SourcePatch(
+        "vendor/llama.cpp/ggml/src/ggml-cpu/ggml-cpu.cpp",
+        "        features.push_back({ nullptr, nullptr });\n",
+        '        features.push_back({ "FA_ONE_PATH", "1" });  // promptlookup: see ops.cpp\n'
+        "        features.push_back({ nullptr, nullptr });\n",
+    ),
+)
+
+
+def patches_for(kernels: str) -> tuple[SourcePatch, ...]:
+    return SOURCE_PATCHES if kernels == "invariant" else ()
+
+
+def apply_patches(root: Path, patches: Sequence[SourcePatch]) -> None:
+    """Apply ``patches`` to the unpacked source at ``root`` (each file rewritten whole)."""
+    for patch in patches:
+        target = root / patch.path
+        try:
+            text = target.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise SystemExit(f"setup: error: cannot patch {target}: {exc}") from exc
+        found = text.count(patch.old)
+        if found != 1:
+            raise SystemExit(f"setup: error: cannot patch {patch.path}: the line to replace occurs "
+                             f"{found} times (expected once): {patch.old.strip()!r}")
+        target.write_text(text.replace(patch.old, patch.new), encoding="utf-8")
 #: parts of llama-cpp-python we never load, left out of the build: its multimodal library (mtmd, ~23k
 #: lines of C++; only its LLaVA-style chat handlers import it, lazily)
 UNUSED_PARTS = ("-DLLAVA_BUILD=OFF",)
@@ -133,9 +191,11 @@ def compiler_id() -> str:
     return "unknown-compiler"
 
 
-def wheelhouse_key(version: str, args: Sequence[str], compiler: str) -> str:
+def wheelhouse_key(version: str, args: Sequence[str], compiler: str,
+                   patches: Sequence[SourcePatch] = ()) -> str:
     """12 hex digits over everything that decides the wheel's bytes."""
-    text = "\n".join([f"llama-cpp-python=={version}", *args, compiler])
+    text = "\n".join([f"llama-cpp-python=={version}", *args, compiler,
+                      *(f"patch {p.path}\n{p.old}\n{p.new}" for p in patches)])
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -146,6 +206,7 @@ class Build:
     key: str
     folder: Path
     kernels: str = DEFAULT_KERNELS
+    patches: tuple[SourcePatch, ...] = ()
 
     @property
     def name(self) -> str:
@@ -165,8 +226,9 @@ def plan(mode: str, wheelhouse_root: Path, flags: frozenset[str] | None = None,
          compiler: str | None = None, machine: str | None = None,
          kernels: str = DEFAULT_KERNELS) -> Build:
     args = tuple(cmake_args(mode, cpu_flags() if flags is None else flags, machine, kernels))
-    key = wheelhouse_key(LLAMA_CPP_PYTHON_VERSION, args, compiler or compiler_id())
-    return Build(mode, args, key, wheelhouse_root / key, kernels)
+    patches = patches_for(kernels)
+    key = wheelhouse_key(LLAMA_CPP_PYTHON_VERSION, args, compiler or compiler_id(), patches)
+    return Build(mode, args, key, wheelhouse_root / key, kernels, patches)
 
 
 def builds_to_try(plans: Callable[[str], Build]) -> tuple[list[Build], list[Build]]:
@@ -196,8 +258,25 @@ def build_wheel(python: str, build: Build) -> Path:
     log(f"building llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} from source, {build.mode} ISA, "
         f"{build.kernels} kernels (once per build key {build.key}; about 3 min on 2 cores)")
     log(f"  CMAKE_ARGS={shlex.join(build.args)}")
-    pip(python, "wheel", "--quiet", "--no-deps", "--no-cache-dir", "-w", str(build.folder),
-        f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", env=env)
+    requirement = f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"
+    if not build.patches:
+        pip(python, "wheel", "--quiet", "--no-deps", "--no-cache-dir", "-w", str(build.folder),
+            requirement, env=env)
+    else:
+        with tempfile.TemporaryDirectory(prefix="llama-src-") as tmp:
+            log(f"  downloading the source package and patching {len(build.patches)} lines "
+                f"({', '.join(sorted({Path(p.path).name for p in build.patches}))})")
+            pip(python, "download", "--quiet", "--no-deps", "--no-binary", ":all:", "-d", tmp, requirement)
+            sdists = sorted(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
+            if not sdists:
+                raise SystemExit("setup: error: pip download wrote no llama-cpp-python source "
+                                 f"package into {tmp}")
+            with tarfile.open(sdists[0]) as tar:
+                tar.extractall(tmp, filter="data")
+            root = Path(tmp) / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}"
+            apply_patches(root, build.patches)
+            pip(python, "wheel", "--quiet", "--no-deps", "--no-cache-dir", "-w", str(build.folder),
+                str(root), env=env)
     (build.folder / "cmake-args.txt").write_text(" ".join(build.args) + "\n", encoding="utf-8")
     wheel = build.wheel()
     if wheel is None:

@@ -77,6 +77,36 @@ def test_the_threads_do_not_change_a_row(reference):
     assert inv.rows == 328 + (5 + 1) + (1 + 9) + 3 == 347
 
 
+@requires_invariant
+def test_with_flash_attention_every_row_is_bit_identical_too(reference):
+    """Set-up's invariant build patches flash attention to one path for every batch shape, so turning
+    it on keeps invariance: the smoke tokens (328: past 256 cached cells, where upstream splits the KV
+    of a one-token decode) at widths 1, 9 and 64 (where upstream tiles). Flash attention does reach
+    llama.cpp: its rows round differently from the rows without it (the same argmax)."""
+    import llama_cpp
+    import numpy as np
+
+    from promptlookup.backends.llama_cpp import LlamaCppBackend, one_path_flash_attention, system_info
+    from promptlookup.backends.llama_cpp_smoke import invariance_check, reference_rows
+    from promptlookup.backends.models import bundled_model_path
+
+    assert one_path_flash_attention(system_info(llama_cpp))
+    ids, without = reference
+    on = LlamaCppBackend(bundled_model_path(), n_ctx=1024, flash_attention=True)
+    try:
+        assert on.flash_attention is True
+        ref = reference_rows(on, ids)
+        inv = invariance_check(on, ids, widths=(1, 9, 64), reference=ref)
+    finally:
+        on.close()
+    # 328 prefill rows; per width w: its w rows plus the (33 - w // 2) rows leading up to it; 3 kept
+    assert inv.line() == "batch-invariant: all 468 rows bit-identical to one-token decodes"
+    assert inv.rows == 328 + sum(w + 33 - w // 2 for w in (1, 9, 64)) + 3 == 468
+    differ = sum(not np.array_equal(a, b) for a, b in zip(ref, without, strict=True))
+    assert differ > 0
+    assert all(int(np.argmax(a)) == int(np.argmax(b)) for a, b in zip(ref[:32], without[:32], strict=True))
+
+
 def _workload(name: str) -> str:
     return (WORKLOADS / f"{name}.txt").read_text(encoding="utf-8")
 

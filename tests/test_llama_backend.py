@@ -139,3 +139,23 @@ def test_the_same_seed_repeats_a_sampled_run(real_backend):
     assert runs[0] == runs[1]
     other = generate(real_backend, prompt, 40, sampler=Sampler(SamplingParams(temp=1.5), 12)).tokens
     assert other != runs[0]  # and the sampler really samples
+
+
+def test_flash_attention_is_on_by_default_only_where_the_build_keeps_rows_invariant_and_short():
+    from promptlookup.backends.base import BackendError
+    from promptlookup.backends.llama_cpp import flash_attention_default, one_path_flash_attention
+
+    patched = "CPU : AVX2 = 1 | FMA = 1 | OPENMP = 1 | FA_ONE_PATH = 1 | "
+    invariant = "CPU : AVX2 = 1 | FMA = 1 | OPENMP = 1 | "
+    fast_patched = "CPU : AVX2 = 1 | LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 | FA_ONE_PATH = 1 | "
+    assert [one_path_flash_attention(i) for i in (patched, invariant, fast_patched)] == [True, False, False]
+    assert flash_attention_default(patched, 512, {}) is True
+    assert flash_attention_default(patched, 513, {}) is False  # past the bound: slower than without
+    assert flash_attention_default(invariant, 512, {}) is False
+    assert flash_attention_default(invariant, 4096, {"PROMPTLOOKUP_FLASH_ATTENTION": " ON "}) is True
+    assert flash_attention_default(patched, 256, {"PROMPTLOOKUP_FLASH_ATTENTION": "off"}) is False
+    assert flash_attention_default(patched, 256, {"PROMPTLOOKUP_FLASH_ATTENTION": "auto"}) is True
+    assert flash_attention_default(patched, 256, {"PROMPTLOOKUP_FLASH_ATTENTION": ""}) is True
+    with pytest.raises(BackendError) as err:
+        flash_attention_default(patched, 256, {"PROMPTLOOKUP_FLASH_ATTENTION": "yes"})
+    assert str(err.value) == "PROMPTLOOKUP_FLASH_ATTENTION='yes' is not one of auto, on, off"

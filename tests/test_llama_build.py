@@ -176,3 +176,91 @@ def test_fast_kernels_are_a_build_of_their_own(tmp_path):
     assert build.kernels == "fast" and installed == [build]
     assert "-DGGML_LLAMAFILE=OFF" not in build.args
     assert build.key != lb.plan("host", tmp_path).key  # the invariant build sits beside it
+
+
+# -- the invariant build's source patches ----------------------------------------------------------
+UPSTREAM_OPS = ("    const bool use_split_kv_path = !use_ref && (neq1 == 1);\n"
+                "    const bool use_ref = params->use_ref;\n")
+UPSTREAM_FEATURES = ('        features.push_back({ "REPACK", "1" });\n'
+                     "        features.push_back({ nullptr, nullptr });\n")
+
+
+def _tree(root: Path, ops: str = UPSTREAM_OPS, features: str = UPSTREAM_FEATURES) -> Path:
+    for patch, text in zip(lb.SOURCE_PATCHES, (ops, features), strict=True):
+        (root / patch.path).parent.mkdir(parents=True, exist_ok=True)
+        (root / patch.path).write_text(text, encoding="utf-8")
+    return root
+
+
+def test_only_the_invariant_build_is_patched_and_the_patch_is_in_its_key(tmp_path):
+    inv = lb.plan("host", tmp_path, SAPPHIRE, "gcc 12.2", "x86_64")
+    fast = lb.plan("host", tmp_path, SAPPHIRE, "gcc 12.2", "x86_64", "fast")
+    assert inv.patches == lb.SOURCE_PATCHES and fast.patches == ()
+    assert [Path(p.path).name for p in inv.patches] == ["ops.cpp", "ggml-cpu.cpp"]
+    # the same flags without the patches would be another wheel
+    assert inv.key != lb.wheelhouse_key(lb.LLAMA_CPP_PYTHON_VERSION, inv.args, "gcc 12.2")
+    assert inv.key == lb.wheelhouse_key(lb.LLAMA_CPP_PYTHON_VERSION, inv.args, "gcc 12.2", inv.patches)
+
+
+def test_the_patches_force_one_flash_attention_path_and_say_so(tmp_path):
+    root = _tree(tmp_path)
+    lb.apply_patches(root, lb.SOURCE_PATCHES)
+    ops = (root / lb.SOURCE_PATCHES[0].path).read_text(encoding="utf-8")
+    assert ops == ("    const bool use_split_kv_path = !use_ref && (neq1 == 1);\n"
+                   "    const bool use_ref = true;  // promptlookup: one reduction order for every "
+                   "batch shape\n")
+    features = (root / lb.SOURCE_PATCHES[1].path).read_text(encoding="utf-8")
+    assert features == ('        features.push_back({ "REPACK", "1" });\n'
+                        '        features.push_back({ "FA_ONE_PATH", "1" });  // promptlookup: see ops.cpp\n'
+                        "        features.push_back({ nullptr, nullptr });\n")
+    # what llama.cpp prints for that feature is what the backend looks for
+    from promptlookup.backends.llama_cpp import FLASH_ATTENTION_ONE_PATH
+    assert lb.FA_ONE_PATH_MARK == FLASH_ATTENTION_ONE_PATH == "FA_ONE_PATH = 1"
+
+
+@pytest.mark.parametrize("ops, found", [("    int other;\n", 0), (UPSTREAM_OPS + UPSTREAM_OPS, 2)])
+def test_a_source_that_is_not_the_pinned_one_stops_set_up(tmp_path, ops, found):
+    root = _tree(tmp_path, ops=ops)
+    with pytest.raises(SystemExit) as err:
+        lb.apply_patches(root, lb.SOURCE_PATCHES)
+    assert str(err.value) == (f"setup: error: cannot patch {lb.SOURCE_PATCHES[0].path}: the line to "
+                              f"replace occurs {found} times (expected once): "
+                              "'const bool use_ref = params->use_ref;'")
+    assert (root / lb.SOURCE_PATCHES[0].path).read_text(encoding="utf-8") == ops  # untouched
+    with pytest.raises(SystemExit, match="cannot patch .*missing.cpp"):
+        lb.apply_patches(root, [lb.SourcePatch("missing.cpp", "a", "b")])
+
+
+def test_a_patched_build_compiles_the_patched_source_package(tmp_path, monkeypatch):
+    """build_wheel downloads the source package, patches the unpacked tree and builds the wheel from
+    that folder (pip stands in: it serves a small source package and checks what it is asked to build)."""
+    import tarfile
+
+    pkg = f"llama_cpp_python-{lb.LLAMA_CPP_PYTHON_VERSION}"
+    calls = []
+
+    def fake_pip(python, *args, env=None):
+        calls.append(args[0])
+        if args[0] == "download":
+            dest = Path(args[args.index("-d") + 1])
+            src = _tree(tmp_path / "pkg" / pkg)
+            with tarfile.open(dest / f"{pkg}.tar.gz", "w:gz") as tar:
+                tar.add(src, arcname=pkg)
+        elif args[0] == "wheel":
+            folder, source = Path(args[args.index("-w") + 1]), Path(args[-1])
+            patched = (source / lb.SOURCE_PATCHES[1].path).read_text()
+            assert source.name == pkg and "FA_ONE_PATH" in patched
+            assert env["CMAKE_ARGS"] == " ".join(build.args)
+            (folder / f"{pkg}-cp311-cp311-linux_x86_64.whl").write_bytes(b"")
+
+    monkeypatch.setattr(lb, "pip", fake_pip)
+    build = lb.plan("host", tmp_path / "wheelhouse", SAPPHIRE, "gcc 12.2", "x86_64")
+    wheel = lb.build_wheel("python", build)
+    assert calls == ["download", "wheel"]
+    assert wheel == build.folder / f"{pkg}-cp311-cp311-linux_x86_64.whl"
+    fast = lb.plan("host", tmp_path / "wheelhouse", SAPPHIRE, "gcc 12.2", "x86_64", "fast")
+    calls.clear()
+    monkeypatch.setattr(lb, "pip", lambda python, *args, env=None: (
+        calls.append(args[-1]), (fast.folder / f"{pkg}-x.whl").write_bytes(b"")))
+    lb.build_wheel("python", fast)
+    assert calls == [f"llama-cpp-python=={lb.LLAMA_CPP_PYTHON_VERSION}"]  # upstream's package, as is

@@ -294,6 +294,10 @@ def run_doctor(model: str | os.PathLike[str] | None, threads: int | None, smoke_
                  "scripts/setup.sh builds the invariant kernels by default")
         out(f"batch invariance: {'yes' if inv.get('bitwise') else 'no'} "
             f"({inv.get('identical')}/{inv.get('rows')} rows bit-identical): {exact}")
+    if "flash_attention" in r:
+        out("flash attention (the smoke test's 1024 positions): " + ("on" if r["flash_attention"] else "off")
+            + "; PROMPTLOOKUP_FLASH_ATTENTION=auto turns it on for contexts up to 512 positions on "
+              "set-up's patched invariant build (docs/exactness.md)")
     if not outcome.ok:
         out("verdict: UNHEALTHY: this llama.cpp build cannot be trusted here; rebuild with scripts/setup.sh "
             "(it falls back to an AVX2-only build when the host build fails)")

@@ -41,6 +41,14 @@ BATCH_DEPENDENT_KERNELS = ("LLAMAFILE = 1", "REPACK = 1")
 #: ggml's tiled K-quant matmul is a third such kernel (taken for 8+ rows); it has no build switch
 #: but this environment variable, read at its first use, turns it off
 TILED_MATMUL_ENV = "GGML_CPU_TILED_MM"
+#: what set-up's patched invariant build adds to the system info (scripts/llama_build.py)
+FLASH_ATTENTION_ONE_PATH = "FA_ONE_PATH = 1"
+#: the process-wide default for flash attention: ``auto`` (on where it keeps rows invariant), ``on``,
+#: ``off`` (llama-server's ``-fa`` has the same three values)
+FLASH_ATTENTION_ENV = "PROMPTLOOKUP_FLASH_ATTENTION"
+#: ``auto`` turns flash attention on up to this many positions per sequence (see
+#: :func:`flash_attention_default`)
+FLASH_ATTENTION_AUTO_CTX = 512
 
 
 def system_info(lib) -> str:
@@ -53,6 +61,29 @@ def invariant_build(info: str) -> bool:
     kernels), read from its system info: only then can a row be bit-identical in every batch. The
     smoke test proves it on the installed library; this only says what was asked for."""
     return not any(k in info for k in BATCH_DEPENDENT_KERNELS)
+
+
+def one_path_flash_attention(info: str) -> bool:
+    """Whether flash attention may be on without breaking invariance: an invariant build whose CPU
+    flash attention set-up patched to take one reduction path for every batch shape (it reports
+    :data:`FLASH_ATTENTION_ONE_PATH`; scripts/llama_build.py says why upstream's paths differ)."""
+    return invariant_build(info) and FLASH_ATTENTION_ONE_PATH in info
+
+
+def flash_attention_default(info: str, n_ctx: int, environ: Mapping[str, str] = os.environ) -> bool:
+    """Flash attention for a backend that was not told: ``$PROMPTLOOKUP_FLASH_ATTENTION`` ``on`` or
+    ``off``; ``auto`` (or unset): on where the build keeps rows invariant with it
+    (:func:`one_path_flash_attention`) and a sequence holds at most :data:`FLASH_ATTENTION_AUTO_CTX`
+    positions. Why the bound: the one path attends one cell at a time, which beats attention without
+    flash attention on short contexts and loses on long ones (benchmarks/flash_attention.py, -t 2: a
+    9-token verify 0.89x at 128 cached positions, 1.13x at 700, 1.35x at 3000)."""
+    value = environ.get(FLASH_ATTENTION_ENV, "").strip().lower() or "auto"
+    if value not in ("auto", "on", "off"):
+        raise BackendError(f"{FLASH_ATTENTION_ENV}={environ[FLASH_ATTENTION_ENV]!r} is not one of "
+                           "auto, on, off")
+    if value == "auto":
+        return one_path_flash_attention(info) and n_ctx <= FLASH_ATTENTION_AUTO_CTX
+    return value == "on"
 
 
 def _switch_off_batch_dependent_runtime_paths(lib) -> None:
@@ -142,6 +173,11 @@ class LlamaCppBackend:
     one packing path (:meth:`decode_many`), so a sequence decoded alone and one decoded in company
     are fed to llama.cpp the same way.
 
+    ``flash_attention``: None (default) reads ``$PROMPTLOOKUP_FLASH_ATTENTION``
+    (:func:`flash_attention_default`: by default on only on set-up's patched invariant build, where
+    it keeps every row's logits the same in every batch, and for short contexts, where it is the
+    faster); True / False force it (on a build without the patch, on gives up invariance).
+
     Not thread-safe: one caller at a time (a ``llama_decode`` releases the GIL, and the batch buffers
     and cached ids here are shared by every call)."""
 
@@ -155,6 +191,7 @@ class LlamaCppBackend:
         n_batch: int = DEFAULT_N_BATCH,
         record_logits: bool = False,
         n_seq: int = 1,
+        flash_attention: bool | None = None,
     ) -> None:
         try:
             import llama_cpp  # deferred: importing it loads the shared library
@@ -188,6 +225,8 @@ class LlamaCppBackend:
             )
         except (ValueError, RuntimeError) as exc:
             raise BackendError(f"llama.cpp could not load {self.model_path}: {exc}") from exc
+        self.flash_attention = (flash_attention_default(system_info(llama_cpp), n_ctx)
+                                if flash_attention is None else bool(flash_attention))
         self._ctx = self._own_context(n_ctx, n_seq, n_batch)
         self._vocab = llama_cpp.llama_model_get_vocab(self._llama.model)
         self._mem = llama_cpp.llama_get_memory(self._ctx)
@@ -224,8 +263,8 @@ class LlamaCppBackend:
     def _own_context(self, n_ctx: int, n_seq: int, n_batch: int):
         """The decoding context: ``n_seq`` sequences of ``n_ctx`` positions each, in separate KV
         streams (``kv_unified`` off, so a sequence can never take another's cells and its attention
-        reads only its own), built with the loaded ``Llama``'s settings (threads, flash attention
-        off, ...), which replaces the ``Llama``'s own scratch context."""
+        reads only its own), built with the loaded ``Llama``'s settings (threads, ...) and
+        :attr:`flash_attention`, which replaces the ``Llama``'s own scratch context."""
         lib = self._lib
         params = lib.llama_context_params.from_buffer_copy(self._llama.context_params)
         # llama.cpp pads each sequence's share up to a multiple of 256 anyway; asking for the padded
@@ -234,6 +273,8 @@ class LlamaCppBackend:
         params.n_batch = params.n_ubatch = min(n_batch, n_ctx * n_seq)
         params.n_seq_max = n_seq
         params.kv_unified = False
+        params.flash_attn_type = (lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.flash_attention
+                                  else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         ctx = lib.llama_init_from_model(self._llama.model, params)
         if ctx is None:
             self._llama.close()

@@ -274,6 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     step("load the model")
     backend = LlamaCppBackend(args.model, n_ctx=1024, n_threads=args.threads)
     result["threads"] = backend.n_threads
+    result["flash_attention"] = backend.flash_attention
     try:
         result.update(smoke_test(backend, step))
         step(f"batch invariance, bitwise: {INVARIANCE_TOKENS} tokens decoded alone, then in batches")
