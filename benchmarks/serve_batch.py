@@ -33,6 +33,7 @@ context per sequence (llama-server's ``-c`` is the total, split among its slots,
 from __future__ import annotations
 
 import argparse
+import http.client
 import os
 import re
 import statistics
@@ -121,6 +122,23 @@ def row_spec(key: str, args: argparse.Namespace) -> RowSpec:
     raise SystemExit(f"serve_batch: error: unknown row {key!r} (rows: {', '.join(ROWS)})")
 
 
+def forward_seconds(server: Server) -> float | None:
+    """Our server's ``promptlookup:batch_forward_seconds_total`` (None for a peer, or without a
+    scheduler): the seconds its rounds spent in the model's forwards."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    try:
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode("utf-8", "replace")
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+    for line in text.splitlines():
+        if line.startswith("promptlookup:batch_forward_seconds_total "):
+            return float(line.split()[1])
+    return None
+
+
 def run_level(server: Server, spec: RowSpec, clients: int, args: argparse.Namespace) -> dict:
     """``args.requests`` requests shared out among ``clients`` clients; the level's figures."""
     model = server.model_id()
@@ -142,17 +160,22 @@ def run_level(server: Server, spec: RowSpec, clients: int, args: argparse.Namesp
                     pass
             results.append(m)
 
+    f0 = forward_seconds(server)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
         list(pool.map(client, range(clients)))
     wall = time.perf_counter() - t0
+    f1 = forward_seconds(server)
+    # the share of the wall clock the model computed (ours only): the rest is the server's own work
+    busy = (f1 - f0) / wall if f0 is not None and f1 is not None else None
     ok = [m for m in results if not m.error]
     tokens = sum(m.tokens or 0 for m in ok)
     ttft = [m.ttft for m in ok if m.ttft is not None]
     e2e = [m.wall for m in ok]
     return {"tok_s": tokens / wall, "tokens": tokens, "wall": wall, "ttft50": pct(ttft, 0.5),
             "ttft95": pct(ttft, 0.95), "e2e50": pct(e2e, 0.5), "e2e95": pct(e2e, 0.95),
-            "errors": len(results) - len(ok), "first_error": next((m.error for m in results if m.error), "")}
+            "errors": len(results) - len(ok), "first_error": next((m.error for m in results if m.error), ""),
+            "forward_share": busy}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"<!-- {key} x{clients} pass {rep + 1}: failed to start: {exc} -->", flush=True)
                     continue
                 got.setdefault((key, clients), []).append(r)
-                print(f"<!-- {key} x{clients} pass {rep + 1}: {r['tok_s']:.1f} tok/s, "
+                share = f", forwards {r['forward_share']:.0%} of the wall clock" if r["forward_share"] else ""
+                print(f"<!-- {key} x{clients} pass {rep + 1}: {r['tok_s']:.1f} tok/s{share}, "
                       f"errors {r['errors']} {r['first_error']} -->", flush=True)
     print("| row | clients | tok/s | TTFT p50 | TTFT p95 | e2e p50 | e2e p95 | errors |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|", flush=True)

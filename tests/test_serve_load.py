@@ -127,6 +127,7 @@ def test_queue_limit_and_dropped_client():
         waiting.join(30)
         freed = time.monotonic() - t0
         metrics = c.get("/metrics").text
+        assert "promptlookup:batch_rounds_total" not in metrics  # --parallel 1: no scheduler
         generated = next(float(ln.split()[-1]) for ln in metrics.splitlines()
                          if ln.startswith("promptlookup:generation_tokens_total"))
         assert 'promptlookup:requests_cancelled_total 1.0' in metrics
@@ -181,4 +182,16 @@ def test_parallel_slots_run_together_and_a_dropped_client_frees_its_slot():
         assert last["usage"]["completion_tokens"] in range(1, 301)
         resp.close()
         assert wait_until(lambda: c.get("/health").json()["running"] == 0, 30)
-        assert "promptlookup:requests_cancelled_total 1.0" in c.get("/metrics").text
+        metrics = c.get("/metrics").text
+        assert "promptlookup:requests_cancelled_total 1.0" in metrics
+        rounds = {ln.split()[0]: float(ln.split()[1]) for ln in metrics.splitlines()
+                  if ln.startswith("promptlookup:batch_")}
+        assert set(rounds) == {"promptlookup:batch_rounds_total", "promptlookup:batch_round_parts_total",
+                               "promptlookup:batch_round_tokens_total",
+                               "promptlookup:batch_forward_seconds_total"}
+        # two streams decoded together: more sequences fed than rounds run; every round a forward
+        n = rounds["promptlookup:batch_rounds_total"]
+        assert n > 0 and rounds["promptlookup:batch_round_parts_total"] > n
+        parts = rounds["promptlookup:batch_round_parts_total"]
+        assert rounds["promptlookup:batch_round_tokens_total"] >= parts
+        assert rounds["promptlookup:batch_forward_seconds_total"] > 0

@@ -121,7 +121,8 @@ class Server:
         self.engine = engine
         self.settings = settings
         self.worker = Worker(engine, settings.max_queue, on_done=self._done)
-        self.metrics = Metrics(lambda: self.worker.waiting, lambda: self.worker.running)
+        self.metrics = Metrics(lambda: self.worker.waiting, lambda: self.worker.running,
+                               lambda: getattr(getattr(engine, "scheduler", None), "stats", None))
         self.history = HistorySaver(engine, settings.history_save_every,
                                     on_save=self.metrics.history_saves.inc)
         self.model = settings.model_alias or engine.model_name

@@ -19,6 +19,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from promptlookup.telemetry import Counters
@@ -28,10 +29,34 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 
 
+class RoundCollector:
+    """The continuous-batching rounds (:class:`~promptlookup.batching.scheduler.RoundStats`), read at
+    scrape time: how many forwards ran, with how many sequences and tokens, in how many seconds. Why:
+    ``batch_forward_seconds_total`` against the wall clock says how much of the server's time is the
+    model's (the rest is ours: HTTP, text, drafting); ``batch_round_parts_total / batch_rounds_total``
+    is the mean batch. Nothing is exported without a scheduler (``--parallel 1``)."""
+
+    def __init__(self, stats: Callable[[], object | None]) -> None:
+        self._stats = stats
+
+    def collect(self):
+        s = self._stats()
+        if s is None:
+            return
+        for name, doc, value in (
+                ("batch_rounds", "forwards run by the continuous-batching scheduler", s.rounds),
+                ("batch_round_parts", "sequences fed, summed over the rounds", s.parts),
+                ("batch_round_tokens", "tokens fed (prompt chunks, drafts, pending tokens)", s.tokens),
+                ("batch_forward_seconds", "seconds spent in the rounds' forwards", s.seconds)):
+            yield CounterMetricFamily(f"{PREFIX}{name}", doc, value=value)
+
+
 class Metrics:
-    def __init__(self, waiting: Callable[[], int], running: Callable[[], int]) -> None:
+    def __init__(self, waiting: Callable[[], int], running: Callable[[], int],
+                 rounds: Callable[[], object | None] = lambda: None) -> None:
         disable_created_metrics()  # no *_created series: a scrape shows what dashboards read
         self.registry = r = CollectorRegistry(auto_describe=True)
+        r.register(RoundCollector(rounds))
         p = PREFIX
         self.num_drafts = Counter(f"{p}spec_decode_num_drafts", "verify steps that carried a draft",
                                   registry=r)
