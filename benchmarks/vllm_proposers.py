@@ -8,7 +8,9 @@ fixed setting on copy_edit in our earlier sweep: lookup 2..4, K=8), ``suffix`` (
 suffix trees, K=8; only if ``arctic_inference`` is importable), ``ours`` (promptlookup's suffix
 source with its cross-request history, K=8), ``ours-auto`` (our ``auto`` source: it picks a source
 and a draft length per step from measured step times, K=8 at most) and the K sweep of our default
-source: ``ours3``, ``ours5``, ``ours12`` (K=3, 5, 12; not in the default rows).
+source: ``ours3``, ``ours5``, ``ours12`` (K=3, 5, 12; not in the default rows), and ``ours-p10`` /
+``ours-p30``: K=8 with drafts stopped before a token below estimated probability 0.1 / 0.3
+(``suffix:min-prob=P``; ArcticInference's ``min_token_prob`` is 0.1).
 
 Workloads: copy_edit, prose, quote_doc (one request each), the two-request session (the second
 request is measured; the history-keeping rows have just seen the first), and ``batch8``: 8 different
@@ -48,11 +50,15 @@ ROWS = {
     "ours3": {"method": "custom_class", "model": OURS, "num_speculative_tokens": 3},
     "ours5": {"method": "custom_class", "model": OURS, "num_speculative_tokens": 5},
     "ours12": {"method": "custom_class", "model": OURS, "num_speculative_tokens": 12},
+    "ours-p10": {"method": "custom_class", "model": OURS, "num_speculative_tokens": 8},
+    "ours-p30": {"method": "custom_class", "model": OURS, "num_speculative_tokens": 8},
 }
 DEFAULT_ROWS = ("plain", "ngram", "ngram8", "suffix", "ours", "ours-auto", "ours3")
 # our proposer's settings that vLLM's config cannot carry (docs/vllm.md): the environment of the
 # engine's process, set while that engine starts (its engine-core process copies it)
-ROW_ENV = {"ours-auto": {"PROMPTLOOKUP_VLLM_SOURCE": "auto"}}
+ROW_ENV = {"ours-auto": {"PROMPTLOOKUP_VLLM_SOURCE": "auto"},
+           "ours-p10": {"PROMPTLOOKUP_VLLM_SOURCE": "suffix:min-prob=0.1"},
+           "ours-p30": {"PROMPTLOOKUP_VLLM_SOURCE": "suffix:min-prob=0.3"}}
 BATCH_EXTRA = ["Name three uses of a hash table.", "Describe how rain forms, in one paragraph.",
                "Write a Python function that reverses a linked list.", "What is a mutex? Explain briefly."]
 

@@ -67,6 +67,21 @@ def test_min_match_and_min_prob_stop():
     assert d.features["prob"] == pytest.approx(2 / 3)
 
 
+def test_the_spec_sets_min_prob():
+    """``suffix:min-prob=P`` (the vLLM proposer's way to stop unlikely drafts): the same draft as the
+    source built with ``min_prob=P``; the default drafts on (0)."""
+    from promptlookup.drafting.spec import Run, SourceSpec, SpecError, source_factory
+
+    run = Run(64, lambda: "fp")
+    toks = [1, 2, 5, 1, 2, 6, 1, 3, 0, 1]
+    pruned = source_factory(SourceSpec.parse("suffix:min-prob=0.5"), run)()
+    assert pruned.min_prob == 0.5 and _draft(pruned, toks, 3).tokens == (2,)
+    plain = source_factory(SourceSpec.parse("suffix"), run)()
+    assert plain.min_prob == 0.0 and len(_draft(plain, toks, 3).tokens) == 3
+    with pytest.raises(SpecError, match="min-prob must be 0.0..1.0, got 1.5"):
+        SourceSpec.parse("suffix:min-prob=1.5")
+
+
 def test_history_used_and_longer_match_wins():
     h = History(budget=1000)
     h.add([10, 11, 12, 13, 14])

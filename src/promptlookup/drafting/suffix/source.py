@@ -182,7 +182,7 @@ class SuffixSource(TokenBuffer):
 
 
 # --- the source vocabulary (promptlookup.drafting.spec):
-# suffix[:draft=N][:history=FILE][:budget=TOKENS][:corpus=FILE] ---
+# suffix[:draft=N][:history=FILE][:budget=TOKENS][:corpus=FILE][:min-prob=P] ---
 
 AUTO_WEIGHED = "named"  # auto weighs it when its sources= names it (see drafting/auto/source.py)
 OPTIONS = {
@@ -195,6 +195,10 @@ OPTIONS = {
     "corpus": Option(str, None, flag="--suffix-corpus",
                      help="corpus suffix-array index (promptlookup index) for suffix / auto: long matches "
                           "into a static corpus"),
+    # spec-only: where a drafted token costs its full price (a full batch), a draft stops before the
+    # tokens it is unlikely to get accepted (ArcticInference's min_token_prob, 0.1 by default there)
+    "min-prob": Option(float, DEFAULT_MIN_PROB, 0.0, 1.0,
+                       help="stop a draft before a token that takes its estimated probability below this"),
 }
 
 
@@ -209,6 +213,7 @@ def factory(spec: SourceSpec, run: Run) -> Callable[[], SuffixSource]:
     from promptlookup.drafting.suffix.history import DEFAULT_BUDGET, History
 
     history_path, budget, corpus_path = spec.value("history"), spec.value("budget"), spec.value("corpus")
+    min_prob = spec.value("min-prob")
     corpus = (run.shared("corpus", corpus_path,
                          lambda: open_index(corpus_path, fingerprint=run.tokenizer_fingerprint(),
                                             n_vocab=run.n_vocab, verify=run.verify))
@@ -227,7 +232,7 @@ def factory(spec: SourceSpec, run: Run) -> Callable[[], SuffixSource]:
             history = History(budget=budget or DEFAULT_BUDGET, fingerprint=run.tokenizer_fingerprint())
         else:
             history = History(budget=budget or DEFAULT_BUDGET)
-        return SuffixSource(history=history, n_vocab=run.n_vocab, corpus=corpus)
+        return SuffixSource(history=history, n_vocab=run.n_vocab, corpus=corpus, min_prob=min_prob)
 
     return make
 
