@@ -122,9 +122,9 @@ def row_spec(key: str, args: argparse.Namespace) -> RowSpec:
     raise SystemExit(f"serve_batch: error: unknown row {key!r} (rows: {', '.join(ROWS)})")
 
 
-def forward_seconds(server: Server) -> float | None:
-    """Our server's ``promptlookup:batch_forward_seconds_total`` (None for a peer, or without a
-    scheduler): the seconds its rounds spent in the model's forwards."""
+def round_counters(server: Server) -> dict[str, float] | None:
+    """Our server's batching counters from ``/metrics`` (``rounds``, ``parts``, ``tokens``,
+    ``seconds``: its forwards' time); None for a peer, or without a scheduler."""
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
     try:
         conn.request("GET", "/metrics")
@@ -133,10 +133,12 @@ def forward_seconds(server: Server) -> float | None:
         return None
     finally:
         conn.close()
-    for line in text.splitlines():
-        if line.startswith("promptlookup:batch_forward_seconds_total "):
-            return float(line.split()[1])
-    return None
+    names = {"promptlookup:batch_rounds_total": "rounds", "promptlookup:batch_round_parts_total": "parts",
+             "promptlookup:batch_round_tokens_total": "tokens",
+             "promptlookup:batch_forward_seconds_total": "seconds"}
+    got = {names[ln.split()[0]]: float(ln.split()[1]) for ln in text.splitlines()
+           if ln.split(" ", 1)[0] in names}
+    return got if len(got) == len(names) else None
 
 
 def run_level(server: Server, spec: RowSpec, clients: int, args: argparse.Namespace) -> dict:
@@ -160,14 +162,15 @@ def run_level(server: Server, spec: RowSpec, clients: int, args: argparse.Namesp
                     pass
             results.append(m)
 
-    f0 = forward_seconds(server)
+    c0 = round_counters(server)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
         list(pool.map(client, range(clients)))
     wall = time.perf_counter() - t0
-    f1 = forward_seconds(server)
-    # the share of the wall clock the model computed (ours only): the rest is the server's own work
-    busy = (f1 - f0) / wall if f0 is not None and f1 is not None else None
+    c1 = round_counters(server)
+    # ours only: the share of the wall clock the model computed (the rest is the server's own work),
+    # and the rounds: how many, how wide, how long each forward took
+    rounds = {k: c1[k] - c0[k] for k in c1} if c0 is not None and c1 is not None else None
     ok = [m for m in results if not m.error]
     tokens = sum(m.tokens or 0 for m in ok)
     ttft = [m.ttft for m in ok if m.ttft is not None]
@@ -175,7 +178,7 @@ def run_level(server: Server, spec: RowSpec, clients: int, args: argparse.Namesp
     return {"tok_s": tokens / wall, "tokens": tokens, "wall": wall, "ttft50": pct(ttft, 0.5),
             "ttft95": pct(ttft, 0.95), "e2e50": pct(e2e, 0.5), "e2e95": pct(e2e, 0.95),
             "errors": len(results) - len(ok), "first_error": next((m.error for m in results if m.error), ""),
-            "forward_share": busy}
+            "rounds": rounds}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -230,7 +233,12 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"<!-- {key} x{clients} pass {rep + 1}: failed to start: {exc} -->", flush=True)
                     continue
                 got.setdefault((key, clients), []).append(r)
-                share = f", forwards {r['forward_share']:.0%} of the wall clock" if r["forward_share"] else ""
+                rd, share = r["rounds"], ""
+                if rd and rd["rounds"]:
+                    n = rd["rounds"]
+                    share = (f", forwards {rd['seconds'] / r['wall']:.0%} of the wall clock: {n:.0f} rounds "
+                             f"of {rd['parts'] / n:.2f} sequences, {rd['tokens'] / n:.1f} tokens, "
+                             f"{rd['seconds'] / n * 1e3:.1f} ms")
                 print(f"<!-- {key} x{clients} pass {rep + 1}: {r['tok_s']:.1f} tok/s{share}, "
                       f"errors {r['errors']} {r['first_error']} -->", flush=True)
     print("| row | clients | tok/s | TTFT p50 | TTFT p95 | e2e p50 | e2e p95 | errors |")
