@@ -10,7 +10,9 @@ source with its cross-request history, K=8), ``ours-auto`` (our ``auto`` source:
 and a draft length per step from measured step times, K=8 at most) and the K sweep of our default
 source: ``ours3``, ``ours5``, ``ours12`` (K=3, 5, 12; not in the default rows), and ``ours-p10`` /
 ``ours-p30``: K=8 with drafts stopped before a token below estimated probability 0.1 / 0.3
-(``suffix:min-prob=P``; ArcticInference's ``min_token_prob`` is 0.1).
+(``suffix:min-prob=P``; ArcticInference's ``min_token_prob`` is 0.1); ``ours-f1`` / ``ours-f2`` /
+``ours12-f1``: K=8 / 8 / 12 with each draft capped at 1 / 2 / 1 times the length of its match
+(``suffix:factor=F``, ArcticInference's ``max_spec_factor``, 1.0 there).
 
 Workloads: copy_edit, prose, quote_doc (one request each), the two-request session (the second
 request is measured; the history-keeping rows have just seen the first), and ``batch8``: 8 different
@@ -52,13 +54,19 @@ ROWS = {
     "ours12": {"method": "custom_class", "model": OURS, "num_speculative_tokens": 12},
     "ours-p10": {"method": "custom_class", "model": OURS, "num_speculative_tokens": 8},
     "ours-p30": {"method": "custom_class", "model": OURS, "num_speculative_tokens": 8},
+    "ours-f1": {"method": "custom_class", "model": OURS, "num_speculative_tokens": 8},
+    "ours-f2": {"method": "custom_class", "model": OURS, "num_speculative_tokens": 8},
+    "ours12-f1": {"method": "custom_class", "model": OURS, "num_speculative_tokens": 12},
 }
 DEFAULT_ROWS = ("plain", "ngram", "ngram8", "suffix", "ours", "ours-auto", "ours3")
 # our proposer's settings that vLLM's config cannot carry (docs/vllm.md): the environment of the
 # engine's process, set while that engine starts (its engine-core process copies it)
 ROW_ENV = {"ours-auto": {"PROMPTLOOKUP_VLLM_SOURCE": "auto"},
            "ours-p10": {"PROMPTLOOKUP_VLLM_SOURCE": "suffix:min-prob=0.1"},
-           "ours-p30": {"PROMPTLOOKUP_VLLM_SOURCE": "suffix:min-prob=0.3"}}
+           "ours-p30": {"PROMPTLOOKUP_VLLM_SOURCE": "suffix:min-prob=0.3"},
+           "ours-f1": {"PROMPTLOOKUP_VLLM_SOURCE": "suffix:factor=1"},
+           "ours-f2": {"PROMPTLOOKUP_VLLM_SOURCE": "suffix:factor=2"},
+           "ours12-f1": {"PROMPTLOOKUP_VLLM_SOURCE": "suffix:factor=1"}}
 BATCH_EXTRA = ["Name three uses of a hash table.", "Describe how rain forms, in one paragraph.",
                "Write a Python function that reverses a linked list.", "What is a mutex? Explain briefly."]
 

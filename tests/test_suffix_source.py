@@ -169,3 +169,23 @@ def test_fast_equals_reference_on_real_text():
             assert d.match_len == match
             checked += 1
     assert checked > 100
+
+
+def test_factor_caps_a_draft_at_a_multiple_of_its_match():
+    """``suffix:factor=F`` (SuffixDecoding's max_spec_factor): a draft is at most F times as long as
+    the match it follows; 0 (the default) leaves it to ``k``."""
+    from promptlookup.drafting.spec import Run, SourceSpec, SpecError, source_factory
+
+    run = Run(64, lambda: "fp")
+    toks = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2]  # "1 2" seen before: a match of 2, then 3 4 5 ...
+    free = source_factory(SourceSpec.parse("suffix"), run)()
+    d = _draft(free, toks, 6)
+    assert d.match_len == 2 and d.tokens == (3, 4, 5, 6, 7, 8)
+    one = source_factory(SourceSpec.parse("suffix:factor=1"), run)()
+    assert one.factor == 1.0 and _draft(one, toks, 6).tokens == (3, 4)
+    assert _draft(source_factory(SourceSpec.parse("suffix:factor=1.5"), run)(), toks, 6).tokens == (3, 4, 5)
+    assert _draft(source_factory(SourceSpec.parse("suffix:factor=0.4"), run)(), toks, 6).tokens == ()
+    with pytest.raises(SpecError, match="factor must be 0.0..64.0, got -1.0"):
+        SourceSpec.parse("suffix:factor=-1")
+    with pytest.raises(ValueError, match="suffix factor must be 0"):
+        SuffixSource(n_vocab=64, factor=-0.5)

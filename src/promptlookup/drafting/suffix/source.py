@@ -60,7 +60,7 @@ class SuffixSource(TokenBuffer):
                  record: bool = True, n_vocab: int = 1 << 17, corpus: CorpusIndex | None = None,
                  corpus_max_match: int = DEFAULT_MAX_MATCH,
                  corpus_weight: float = DEFAULT_CORPUS_WEIGHT,
-                 corpus_margin: int = DEFAULT_CORPUS_MARGIN) -> None:
+                 corpus_margin: int = DEFAULT_CORPUS_MARGIN, factor: float = 0.0) -> None:
         if min_match < 1:
             raise ValueError(f"suffix min-match must be at least 1, got {min_match}")
         if not 0.0 <= min_prob <= 1.0:
@@ -70,7 +70,10 @@ class SuffixSource(TokenBuffer):
         self.history = history
         self.depth = depth
         self.min_match = min_match
+        if factor < 0:
+            raise ValueError(f"suffix factor must be 0 (no cap) or more, got {factor}")
         self.min_prob = float(min_prob)
+        self.factor = float(factor)
         self.local_weight = float(local_weight)
         self.record = record
         self.corpus = corpus
@@ -176,13 +179,15 @@ class SuffixSource(TokenBuffer):
 
             raise CorpusIndexError(f"{ix.path}: corrupt corpus index (found while drafting)")
         match, count, total, prob, from_history, from_corpus = self._feat.tolist()[0]
+        if self.factor > 0:  # SuffixDecoding's cap: a draft no longer than factor x the match behind it
+            got = min(got, int(self.factor * match))
         return make_draft(tuple(self._buf[n : n + got].tolist()), "suffix", match,
                           {"count": count, "total": total, "prob": prob, "from_history": from_history,
                            "from_corpus": from_corpus})
 
 
 # --- the source vocabulary (promptlookup.drafting.spec):
-# suffix[:draft=N][:history=FILE][:budget=TOKENS][:corpus=FILE][:min-prob=P] ---
+# suffix[:draft=N][:history=FILE][:budget=TOKENS][:corpus=FILE][:min-prob=P][:factor=F] ---
 
 AUTO_WEIGHED = "named"  # auto weighs it when its sources= names it (see drafting/auto/source.py)
 OPTIONS = {
@@ -199,6 +204,10 @@ OPTIONS = {
     # tokens it is unlikely to get accepted (ArcticInference's min_token_prob, 0.1 by default there)
     "min-prob": Option(float, DEFAULT_MIN_PROB, 0.0, 1.0,
                        help="stop a draft before a token that takes its estimated probability below this"),
+    # spec-only: SuffixDecoding's max_spec_factor (1.0 in ArcticInference): a draft at most this many
+    # times as long as the match it follows, so a short, chance match drafts little
+    "factor": Option(float, 0.0, 0.0, 64.0,
+                     help="cap a draft at this times the length of its match (0: no cap)"),
 }
 
 
@@ -213,7 +222,7 @@ def factory(spec: SourceSpec, run: Run) -> Callable[[], SuffixSource]:
     from promptlookup.drafting.suffix.history import DEFAULT_BUDGET, History
 
     history_path, budget, corpus_path = spec.value("history"), spec.value("budget"), spec.value("corpus")
-    min_prob = spec.value("min-prob")
+    min_prob, factor = spec.value("min-prob"), spec.value("factor")
     corpus = (run.shared("corpus", corpus_path,
                          lambda: open_index(corpus_path, fingerprint=run.tokenizer_fingerprint(),
                                             n_vocab=run.n_vocab, verify=run.verify))
@@ -232,7 +241,8 @@ def factory(spec: SourceSpec, run: Run) -> Callable[[], SuffixSource]:
             history = History(budget=budget or DEFAULT_BUDGET, fingerprint=run.tokenizer_fingerprint())
         else:
             history = History(budget=budget or DEFAULT_BUDGET)
-        return SuffixSource(history=history, n_vocab=run.n_vocab, corpus=corpus, min_prob=min_prob)
+        return SuffixSource(history=history, n_vocab=run.n_vocab, corpus=corpus, min_prob=min_prob,
+                            factor=factor)
 
     return make
 
