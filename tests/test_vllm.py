@@ -212,7 +212,8 @@ def test_settings_errors_name_their_variable():
     with pytest.raises(UsageError, match=f"^{ENV_SAVE_S}='soon'"):
         settings_from_env({ENV_SAVE_S: "soon"})
     spec, history, save_s = settings_from_env({})
-    assert (spec.label, history, save_s) == ("suffix", None, 0.0)
+    assert (spec.label, history, save_s) == ("suffix:factor=1", None, 0.0)
+    assert spec.name == "suffix" and spec.value("factor") == 1.0
 
 
 def test_importing_promptlookup_never_imports_vllm():
