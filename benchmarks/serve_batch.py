@@ -169,7 +169,7 @@ def run_level(server: Server, spec: RowSpec, clients: int, args: argparse.Namesp
     wall = time.perf_counter() - t0
     c1 = round_counters(server)
     # ours only: the share of the wall clock the model computed (the rest is the server's own work),
-    # and the rounds: how many, how wide, how long each forward took
+    # and the rounds: how many, how wide, how long each took
     rounds = {k: c1[k] - c0[k] for k in c1} if c0 is not None and c1 is not None else None
     ok = [m for m in results if not m.error]
     tokens = sum(m.tokens or 0 for m in ok)

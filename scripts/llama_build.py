@@ -272,7 +272,10 @@ def build_wheel(python: str, build: Build) -> Path:
                 raise SystemExit("setup: error: pip download wrote no llama-cpp-python source "
                                  f"package into {tmp}")
             with tarfile.open(sdists[0]) as tar:
-                tar.extractall(tmp, filter="data")
+                if hasattr(tarfile, "data_filter"):  # Python 3.11.4+: refuse links and paths out of tmp
+                    tar.extractall(tmp, filter="data")
+                else:
+                    tar.extractall(tmp)  # noqa: S202 - pip's own download of the pinned package
             root = Path(tmp) / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}"
             apply_patches(root, build.patches)
             pip(python, "wheel", "--quiet", "--no-deps", "--no-cache-dir", "-w", str(build.folder),

@@ -67,11 +67,11 @@ class SuffixSource(TokenBuffer):
             raise ValueError(f"suffix min-prob must be in 0..1, got {min_prob}")
         if corpus_max_match < 1:
             raise ValueError(f"suffix corpus max-match must be at least 1, got {corpus_max_match}")
+        if factor < 0:
+            raise ValueError(f"suffix factor must be 0 (no cap) or more, got {factor}")
         self.history = history
         self.depth = depth
         self.min_match = min_match
-        if factor < 0:
-            raise ValueError(f"suffix factor must be 0 (no cap) or more, got {factor}")
         self.min_prob = float(min_prob)
         self.factor = float(factor)
         self.local_weight = float(local_weight)
