@@ -16,7 +16,9 @@ source: ``ours3``, ``ours5``, ``ours12`` (K=3, 5, 12; not in the default rows), 
 
 Workloads: copy_edit, prose, quote_doc (one request each), the two-request session (the second
 request is measured; the history-keeping rows have just seen the first), and ``batch8``: 8 different
-requests in one ``generate`` call. Every workload runs on every engine before the next workload
+requests in one ``generate`` call. ``--concurrent N`` adds each workload as N identical requests in one
+call (``copy_edit xN``, ...; the session's second request N times after its first); ``--workloads``
+picks a subset by name. Every workload runs on every engine before the next workload
 starts, in an order rotated per workload, so rows see the same minutes of a shared machine. Before
 each workload our proposers forget their history (``LLM.collective_rpc``), so a row never drafts
 from its own earlier run of the same prompt; ArcticInference's ``suffix`` cannot be told to, so its
@@ -112,7 +114,12 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--kv-gb", default="1")
     ap.add_argument("--out", default=None, help="also write the raw results as JSON")
+    ap.add_argument("--concurrent", type=int, default=1,
+                    help="also run each workload as this many identical requests at once (e.g. 8)")
+    ap.add_argument("--workloads", default="", help="comma-separated subset of the workloads (default all)")
     a = ap.parse_args()
+    if a.concurrent < 1:
+        ap.error(f"--concurrent must be at least 1, got {a.concurrent}")
     os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE=a.kv_gb,
                       VLLM_CPU_OMP_THREADS_BIND=f"0-{a.threads - 1}" if a.threads > 1 else "0",
                       VLLM_ALLOW_INSECURE_SERIALIZATION="1")  # collective_rpc with a function
@@ -143,6 +150,18 @@ def main() -> None:
     batch = [texts["copy_edit"], texts["prose"], texts["quote_doc"], first, *BATCH_EXTRA]
     workloads = {"copy_edit": [[texts["copy_edit"]]], "prose": [[texts["prose"]]],
                  "quote_doc": [[texts["quote_doc"]]], "session": [[first], [second]], "batch8": [batch]}
+    if a.concurrent > 1:  # each workload again as that many identical requests in one generate call
+        n = a.concurrent
+        workloads.update({f"copy_edit x{n}": [[texts["copy_edit"]] * n],
+                          f"prose x{n}": [[texts["prose"]] * n],
+                          f"quote_doc x{n}": [[texts["quote_doc"]] * n],
+                          f"session x{n}": [[first], [second] * n]})
+    if a.workloads:
+        unknown = [w for w in a.workloads.split(",") if w not in workloads]
+        if unknown:
+            raise SystemExit(f"vllm_proposers: error: unknown workload(s) {', '.join(unknown)} "
+                             f"(workloads: {', '.join(workloads)})")
+        workloads = {w: workloads[w] for w in a.workloads.split(",")}
     params = SamplingParams(temperature=0.0, max_tokens=a.max_tokens)
     engines = {}
     for name in rows:
