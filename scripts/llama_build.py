@@ -127,6 +127,8 @@ def apply_patches(root: Path, patches: Sequence[SourcePatch]) -> None:
             raise SystemExit(f"setup: error: cannot patch {patch.path}: the line to replace occurs "
                              f"{found} times (expected once): {patch.old.strip()!r}")
         target.write_text(text.replace(patch.old, patch.new), encoding="utf-8")
+
+
 #: parts of llama-cpp-python we never load, left out of the build: its multimodal library (mtmd, ~23k
 #: lines of C++; only its LLaVA-style chat handlers import it, lazily)
 UNUSED_PARTS = ("-DLLAVA_BUILD=OFF",)
