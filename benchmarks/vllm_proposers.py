@@ -7,7 +7,8 @@ Rows (one engine each, all alive at once, enforce_eager, bf16 by default):
 fixed setting on copy_edit in our earlier sweep: lookup 2..4, K=8), ``suffix`` (ArcticInference's
 suffix trees, K=8; only if ``arctic_inference`` is importable), ``ours`` (the proposer's default
 source, K=8: the suffix source with its cross-request history, since 2026-12-02 06:10 with each draft
-capped at the length of its match, ``suffix:factor=1``, so ``ours-f1`` below now equals it), ``ours-auto`` (our ``auto`` source: it picks a source
+capped at the length of its match, ``suffix:factor=1``, so ``ours-f1`` below now equals it),
+``ours-auto`` (our ``auto`` source: it picks a source
 and a draft length per step from measured step times, K=8 at most) and the K sweep of our default
 source: ``ours3``, ``ours5``, ``ours12`` (K=3, 5, 12; not in the default rows), and ``ours-p10`` /
 ``ours-p30``: K=8 with drafts stopped before a token below estimated probability 0.1 / 0.3
