@@ -10,4 +10,11 @@ if [ "${PROMPTLOOKUP_SKIP_VLLM:-0}" != 1 ]; then
     bash scripts/vllm_env.sh
 fi
 .venv/bin/ruff check src tests benchmarks scripts
+# llama.cpp's OpenMP threads spin 300,000 times at each barrier by default, which collapses a forward
+# pass when another process holds a core (src/promptlookup/backends/threads.py): the suite ran 9% in
+# 24 minutes beside two busy processes. A short spin keeps it in proportion to the load; a value the
+# caller set is kept.
+if [ -z "${GOMP_SPINCOUNT:-}${OMP_WAIT_POLICY:-}" ]; then
+    export GOMP_SPINCOUNT=1000
+fi
 .venv/bin/python -m pytest -q "$@"
