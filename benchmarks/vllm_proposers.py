@@ -14,7 +14,9 @@ source: ``ours3``, ``ours5``, ``ours12`` (K=3, 5, 12; not in the default rows), 
 ``ours-p30``: K=8 with drafts stopped before a token below estimated probability 0.1 / 0.3
 (``suffix:min-prob=P``; ArcticInference's ``min_token_prob`` is 0.1); ``ours-f1`` / ``ours-f2`` /
 ``ours12-f1``: K=8 / 8 / 12 with each draft capped at 1 / 2 / 1 times the length of its match
-(``suffix:factor=F``, ArcticInference's ``max_spec_factor``, 1.0 there).
+(``suffix:factor=F``, ArcticInference's ``max_spec_factor``, 1.0 there); ``ours12-solo``: K=12
+without drafting from concurrent requests' live outputs (``PROMPTLOOKUP_VLLM_PEERS=off``; every other
+``ours`` row drafts from them, the proposer's default since 2026-12-02 08:20).
 
 Workloads: copy_edit, prose, quote_doc (one request each), the two-request session (the second
 request is measured; the history-keeping rows have just seen the first), and ``batch8``: 8 different
@@ -61,6 +63,7 @@ ROWS = {
     "ours-f1": {"method": "custom_class", "model": OURS, "num_speculative_tokens": 8},
     "ours-f2": {"method": "custom_class", "model": OURS, "num_speculative_tokens": 8},
     "ours12-f1": {"method": "custom_class", "model": OURS, "num_speculative_tokens": 12},
+    "ours12-solo": {"method": "custom_class", "model": OURS, "num_speculative_tokens": 12},
 }
 DEFAULT_ROWS = ("plain", "ngram", "ngram8", "suffix", "ours", "ours-auto", "ours3")
 # our proposer's settings that vLLM's config cannot carry (docs/vllm.md): the environment of the
@@ -70,7 +73,8 @@ ROW_ENV = {"ours-auto": {"PROMPTLOOKUP_VLLM_SOURCE": "auto"},
            "ours-p30": {"PROMPTLOOKUP_VLLM_SOURCE": "suffix:min-prob=0.3"},
            "ours-f1": {"PROMPTLOOKUP_VLLM_SOURCE": "suffix:factor=1"},
            "ours-f2": {"PROMPTLOOKUP_VLLM_SOURCE": "suffix:factor=2"},
-           "ours12-f1": {"PROMPTLOOKUP_VLLM_SOURCE": "suffix:factor=1"}}
+           "ours12-f1": {"PROMPTLOOKUP_VLLM_SOURCE": "suffix:factor=1"},
+           "ours12-solo": {"PROMPTLOOKUP_VLLM_PEERS": "off"}}
 BATCH_EXTRA = ["Name three uses of a hash table.", "Describe how rain forms, in one paragraph.",
                "Write a Python function that reverses a linked list.", "What is a mutex? Explain briefly."]
 
@@ -82,6 +86,15 @@ def _forget(worker) -> bool:
         drafter.forget()
         return True
     return False
+
+
+def _peer_stats(worker) -> list[int]:
+    """Run in vLLM's worker: our proposer's drafts copied from concurrent requests so far."""
+    drafter = getattr(worker.model_runner, "drafter", None)
+    if drafter is None or not hasattr(drafter, "stats"):
+        return [0, 0]
+    got = drafter.stats()
+    return [got.get("peer_drafts", 0), got.get("peer_tokens", 0)]
 
 
 class SpecCounter:
@@ -186,11 +199,13 @@ def main() -> None:
                 llm.collective_rpc(_forget)
             for ci, call in enumerate(calls):
                 before = counters(llm)
+                peers_before = llm.collective_rpc(_peer_stats)[0] if name.startswith("ours") else [0, 0]
                 load = os.getloadavg()[0]
                 t0 = time.perf_counter()
                 outs = llm.generate([chat(t) for t in call], params, use_tqdm=False)
                 wall = time.perf_counter() - t0
                 after = counters(llm)
+                peers_after = llm.collective_rpc(_peer_stats)[0] if name.startswith("ours") else [0, 0]
                 if ci < len(calls) - 1:
                     continue  # the session's first request only fills the history
                 c = {k: after[k] - before.get(k, 0) for k in after}
@@ -200,14 +215,15 @@ def main() -> None:
                 results.append({"row": name, "workload": wname, "tok_s": n_out / wall, "wall_s": wall,
                                 "out_tokens": n_out, "drafts": c.get("drafts", 0),
                                 "draft_tokens": c.get("draft_tokens", 0),
-                                "accepted": c.get("accepted_tokens", 0), "load1": load})
+                                "accepted": c.get("accepted_tokens", 0), "load1": load,
+                                "peer_tokens": peers_after[1] - peers_before[1]})
                 print(json.dumps(results[-1]), file=sys.stderr)
     print(f"\nvLLM {__import__('vllm').__version__}, {a.dtype}, eager, {a.threads} OpenMP thread(s), "
           f"{a.max_tokens} tokens greedy, {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} cores (shared: see load)\n")
-    print("| row | workload | tok/s | out tokens | accepted / drafted | tokens per step "
-          "| same tokens as plain | load |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| row | workload | tok/s | out tokens | accepted / drafted | drafted from concurrent requests "
+          "| tokens per step | same tokens as plain | load |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         same = "-"
         if ("plain", r["workload"]) in tokens and r["row"] != "plain":
@@ -216,7 +232,8 @@ def main() -> None:
         steps = r["out_tokens"] - r["accepted"]
         per_step = r["out_tokens"] / steps if steps else float("nan")
         acc = f"{r['accepted']:.0f} / {r['draft_tokens']:.0f}" if r["row"] != "plain" else "-"
-        print(f"| {r['row']} | {r['workload']} | {r['tok_s']:.1f} | {r['out_tokens']} | {acc} | "
+        peer = str(r["peer_tokens"]) if r["row"].startswith("ours") else "-"
+        print(f"| {r['row']} | {r['workload']} | {r['tok_s']:.1f} | {r['out_tokens']} | {acc} | {peer} | "
               f"{per_step:.2f} | {same} | {r['load1']:.1f} |")
     if a.out:
         Path(a.out).write_text(json.dumps(results, indent=1))

@@ -19,13 +19,16 @@ import numpy as np
 import pytest
 
 from promptlookup.drafting.base import Draft
+from promptlookup.drafting.live_outputs import LiveOutputs
 from promptlookup.errors import UsageError
 from promptlookup.integrations.vllm import (
     ENV_HISTORY,
+    ENV_PEERS,
     ENV_SAVE_S,
     ENV_SOURCE,
     PromptLookupProposer,
     RowTracker,
+    peers_from_env,
     settings_from_env,
 )
 
@@ -149,7 +152,7 @@ def test_a_new_request_in_a_reused_row_is_recognised_and_the_old_one_committed_f
     t.step([[5]], b.n, b.ids)
     assert log == [(0, "reset", [4, 4, 4, 4]), (0, "commit"), (0, "reset", [9, 8, 7, 6, 5])]
     assert t.stats() == {"calls": 2, "requests": 2, "committed": 1, "moved": 0, "drafted_tokens": 4,
-                         "errors": 0, "live": 1}
+                         "errors": 0, "live": 1, "peer_drafts": 0, "peer_tokens": 0}
 
 
 def test_a_request_that_continues_another_takes_it_over():
@@ -168,6 +171,49 @@ def test_draft_stops_at_the_context_end():
     b = Batch()
     b.put(0, list(range(MAX_LEN - 3)))
     assert t.step([[MAX_LEN - 4]], b.n, b.ids) == [[0, 0]]  # MAX_LEN - n - 1 tokens fit
+
+
+def test_a_follower_copies_a_concurrent_leaders_live_output():
+    """Two identical requests, one a few tokens ahead: the follower, whose own source drafts nothing,
+    copies what the leader wrote after the follower's last tokens (at most as many as matched), and
+    a request alone never does."""
+    log: list = []
+
+    class Empty(Recorder):
+        def propose(self, k):
+            return Draft((), "rec")
+
+    t = RowTracker(lambda: Empty(log, 0), 6, MAX_LEN, clock=lambda: 0.0, peers=LiveOutputs())
+    b = Batch()
+    prompt = [1, 2, 3, 4, 5]
+    b.put(0, prompt + [10, 11, 12, 13, 14, 15, 16])  # the leader: 7 output tokens
+    b.put(1, prompt + [10])  # the follower: 1
+    # the follower's last 6 tokens [2, 3, 4, 5, 10] + ... match the leader's prompt tail and output
+    assert t.step([[16], [10]], b.n, b.ids) == [[], [11, 12, 13, 14, 15, 16]]
+    assert t.stats()["peer_drafts"] == 1 and t.stats()["peer_tokens"] == 6
+    alone = RowTracker(lambda: Empty(log, 1), 6, MAX_LEN, clock=lambda: 0.0, peers=LiveOutputs())
+    b2 = Batch()
+    b2.put(0, prompt + [10, 11, 12, 10, 11])
+    assert alone.step([[11]], b2.n, b2.ids) == [[]]  # its own text is its source's job, not the peers'
+
+
+def test_a_peer_draft_is_used_only_where_it_is_longer():
+    t, _ = tracker(k=3)  # Recorder drafts k tokens: a peer draft is never longer
+    t.peers = LiveOutputs()
+    b = Batch()
+    b.put(0, [1, 2, 3, 4, 5, 6, 7, 8])
+    b.put(1, [1, 2, 3, 4, 5])
+    assert t.step([[8], [5]], b.n, b.ids) == [[0, 0, 0], [1, 1, 1]]
+    assert t.stats()["peer_drafts"] == 0
+
+
+def test_peers_setting():
+    assert peers_from_env({}) is True
+    assert peers_from_env({ENV_PEERS: " OFF "}) is False
+    with pytest.raises(UsageError, match="PROMPTLOOKUP_VLLM_PEERS='maybe': must be on or off"):
+        peers_from_env({ENV_PEERS: "maybe"})
+    p = PromptLookupProposer(fake_config(), env={ENV_PEERS: "off"}, fingerprint=lambda: "f" * 16)
+    assert p.tracker.peers is None
 
 
 def fake_config(k: int = 4, vocab: int = 64):

@@ -26,6 +26,11 @@ llama-cpp-python drop-in, this class infers request boundaries from the tokens t
   from a pool) is reset on the row's tokens.
 * A request seen last step that no row continues is over: it is committed to the history shared by
   every row, before this step drafts, so the next request drafts from it at once.
+* Requests running together also draft from one another's output as it is written
+  (:mod:`promptlookup.drafting.live_outputs`): where a row's own source drafts less than K, the longest
+  match of its last tokens in the other live requests' outputs drafts instead, if that is longer.
+  Identical or near-identical requests that run together (a follower a few steps behind a leader)
+  copy the leader; the history would learn the leader only when it ends.
 
 A wrong guess costs drafts, never tokens: vLLM verifies every drafted token against the model.
 
@@ -40,6 +45,8 @@ because vLLM's config has no field for a custom class's settings:
   loaded at start if it exists (checked against the model's tokenizer), saved when requests were
   committed, at most every ``PROMPTLOOKUP_VLLM_SAVE_S`` seconds (default 0: at every commit) and at
   the worker's exit.
+* ``PROMPTLOOKUP_VLLM_PEERS``: ``on`` (default) or ``off``, drafting from concurrent requests'
+  live outputs.
 
 Only this module imports vLLM, and only for its logger; the tracking logic runs without it (tests
 drive it with a fake batch).
@@ -58,12 +65,16 @@ from typing import Any
 import numpy as np
 
 from promptlookup.drafting.base import DraftSource, StepFeedback
+from promptlookup.drafting.live_outputs import LiveOutputs
+from promptlookup.drafting.live_outputs import segment_of as peers_segment
+from promptlookup.drafting.live_outputs import window_for as peers_window
 from promptlookup.drafting.spec import Run, SourceSpec, SpecError, source_factory
 from promptlookup.errors import UsageError
 
 ENV_SOURCE = "PROMPTLOOKUP_VLLM_SOURCE"
 ENV_HISTORY = "PROMPTLOOKUP_VLLM_HISTORY"
 ENV_SAVE_S = "PROMPTLOOKUP_VLLM_SAVE_S"
+ENV_PEERS = "PROMPTLOOKUP_VLLM_PEERS"
 # the history across requests is what vLLM's own ngram lacks; factor=1 (SuffixDecoding's cap: a
 # draft no longer than its match) because in vLLM's batches a drafted token costs its full price:
 # measured (docs/vllm.md) prose 20.7 -> 27.6 tok/s and 8 requests at once 87.9 -> 95.6, copy_edit
@@ -89,6 +100,7 @@ class Slot:
     source: DraftSource
     buf: np.ndarray = field(default_factory=lambda: np.zeros(256, dtype=np.int32))
     n: int = 0
+    start: int = 0  # where its output starts (its prompt's length)
     last_draft: int = 0  # tokens drafted for it last step
     asked: bool = False  # whether its source was asked for last step's draft (an empty one counts)
 
@@ -129,7 +141,7 @@ class RowTracker:
 
     def __init__(self, make_source: Callable[[], DraftSource], k: int, max_len: int,
                  clock: Callable[[], float] = time.perf_counter,
-                 on_commit: Callable[[], None] | None = None) -> None:
+                 on_commit: Callable[[], None] | None = None, peers: LiveOutputs | None = None) -> None:
         if k < 1:
             raise UsageError(f"num_speculative_tokens must be at least 1, got {k}")
         self.make_source = make_source
@@ -137,6 +149,7 @@ class RowTracker:
         self.max_len = max_len
         self.clock = clock
         self.on_commit = on_commit
+        self.peers = peers
         self.rows: dict[int, Slot] = {}  # row index -> the request it held last step
         self.free: list[Slot] = []  # slots of ended requests, their sources reused
         self.left_at: float | None = None  # when the previous call returned
@@ -147,6 +160,8 @@ class RowTracker:
         self.calls = 0
         self.drafted_tokens = 0
         self.errors = 0
+        self.peer_drafts = 0  # drafts copied from another live request's output
+        self.peer_tokens = 0
 
     def step(self, sampled: Sequence[Sequence[int]], num_tokens: np.ndarray,
              token_ids: np.ndarray) -> list[list[int]]:
@@ -214,23 +229,33 @@ class RowTracker:
             new_rows[i] = slot
         self.rows = new_rows
         # extend every claimed row by what it confirmed, then draft
-        out: list[list[int]] = []
+        active: list[Slot | None] = []
         for i in range(n_rows):
             m = len(sampled[i])
             slot = new_rows.get(i)
-            if m == 0 or slot is None:
-                out.append([])
-                continue
-            out.append(self._advance(slot, token_ids[i], int(num_tokens[i]), m, gap))
+            if m == 0 or slot is None or not self._update(slot, token_ids[i], int(num_tokens[i]), m, gap):
+                active.append(None)
+            else:
+                active.append(slot)
+        owner: dict[int, int] = {}
+        if self.peers is not None:
+            live = {id(s): s for s in new_rows.values() if s.n > 0}
+            owner = {key: j for j, key in enumerate(live)}
+            window = peers_window(len(live))
+            self.peers.build([peers_segment(s.buf, s.start, s.n, window) for s in live.values()])
+        out = [[] if slot is None else self._draft(slot, owner.get(id(slot), -1)) for slot in active]
         self.left_at = self.clock()
         self.call_s = self.left_at - entered
         return out
 
-    def _advance(self, slot: Slot, row: np.ndarray, n: int, m: int, gap: float | None) -> list[int]:
+    def _update(self, slot: Slot, row: np.ndarray, n: int, m: int, gap: float | None) -> bool:
+        """Bring ``slot`` to the row's ``n`` tokens (``m`` of them confirmed this step); False when
+        its source refused a token (no draft this step)."""
         try:
             if slot.n == 0:
                 slot.source.reset(row[:n].tolist())
                 slot.set_tokens(row, n)
+                slot.start = n - m
                 self.requests += 1
             elif slot.n < n:
                 if slot.asked and gap is not None and slot.n == n - m:
@@ -243,14 +268,38 @@ class RowTracker:
                 start = slot.n
                 slot.source.extend(row[start:n].tolist())
                 slot.append(row, start, n)
-            k = min(self.k, self.max_len - n - 1)
-            draft = list(slot.source.propose(k).tokens[:k]) if k > 0 else []
-            slot.asked = k > 0
+            return True
         except ValueError:  # a token our source refuses (outside the vocabulary): no draft, no crash
-            self.errors += 1
-            slot.n = 0  # start afresh next time this row drafts
+            self._refused(slot)
+            return False
+
+    def _refused(self, slot: Slot) -> None:
+        self.errors += 1
+        slot.n = 0  # start afresh next time this row drafts
+        slot.asked = False
+        slot.last_draft = 0
+
+    def _draft(self, slot: Slot, owner: int) -> list[int]:
+        n = slot.n
+        k = min(self.k, self.max_len - n - 1)
+        if k <= 0:
             slot.asked = False
-            draft = []
+            slot.last_draft = 0
+            return []
+        try:
+            got = slot.source.propose(k)
+        except ValueError:
+            self._refused(slot)
+            return []
+        draft = list(got.tokens[:k])
+        if self.peers is not None and len(draft) < k:
+            context = slot.buf[max(0, n - self.peers.max_match) : n]
+            _, copied = self.peers.draft(owner, context, k)
+            if len(copied) > len(draft):
+                draft = copied.tolist()
+                self.peer_drafts += 1
+                self.peer_tokens += len(draft)
+        slot.asked = True
         slot.last_draft = len(draft)
         self.drafted_tokens += len(draft)
         return draft
@@ -263,7 +312,7 @@ class RowTracker:
     def stats(self) -> dict[str, int]:
         return {"calls": self.calls, "requests": self.requests, "committed": self.committed,
                 "moved": self.moved, "drafted_tokens": self.drafted_tokens, "errors": self.errors,
-                "live": len(self.rows)}
+                "live": len(self.rows), "peer_drafts": self.peer_drafts, "peer_tokens": self.peer_tokens}
 
 
 def settings_from_env(env: dict[str, str] | None = None) -> tuple[SourceSpec, str | None, float]:
@@ -292,6 +341,15 @@ def settings_from_env(env: dict[str, str] | None = None) -> tuple[SourceSpec, st
     if not save_s >= 0:
         raise UsageError(f"{ENV_SAVE_S}={raw!r}: must be seconds, 0 or more")
     return spec, history, save_s
+
+
+def peers_from_env(env: dict[str, str] | None = None) -> bool:
+    """Whether rows draft from concurrent requests' live outputs (``PROMPTLOOKUP_VLLM_PEERS``)."""
+    env = os.environ if env is None else env
+    raw = env.get(ENV_PEERS, "").strip().lower() or "on"
+    if raw not in ("on", "off"):
+        raise UsageError(f"{ENV_PEERS}={raw!r}: must be on or off")
+    return raw == "on"
 
 
 def _options(name: str) -> Any:
@@ -328,6 +386,7 @@ class PromptLookupProposer:
 
         self.log = _logger()
         self.spec, self.history_path, self.save_s = settings_from_env(env)
+        peers = LiveOutputs() if peers_from_env(env) else None
         model_config = vllm_config.model_config
         k = int(vllm_config.speculative_config.num_speculative_tokens)
         written = self.spec.get("draft")
@@ -350,13 +409,14 @@ class PromptLookupProposer:
         run = Run(self.n_vocab, self.fingerprint, cost_curve=prior_cost_curve, history=history)
         make = source_factory(run_spec, run)  # compiles the kernels now, not in the first step
         self.tracker = RowTracker(make, k, int(model_config.max_model_len), clock=clock,  # type: ignore[arg-type]
-                                  on_commit=self._committed)
+                                  on_commit=self._committed, peers=peers)
         self._saved_at = -float("inf")
         self._clock = clock
         if self.history_path:
             atexit.register(self.close)
-        self.log.info("promptlookup proposer: source %s, %d tokens per draft, history %s",
-                      self.spec.label, k, self.history_path or "in memory")
+        self.log.info("promptlookup proposer: source %s, %d tokens per draft, history %s, drafting from "
+                      "concurrent requests %s", self.spec.label, k, self.history_path or "in memory",
+                      "on" if peers else "off")
 
     @staticmethod
     def _tokenizer_fingerprint(model_config: Any) -> str:
