@@ -76,7 +76,7 @@ def batch_engine(n_seq: int = 4, speculate: str = "ngram", gather: int = 0,
         def on_round(n: int) -> None:
             if n == 0:
                 done = threading.Event()
-                for _ in range(10_000):  # up to 10 s for the other threads to start their requests
+                for _ in range(60_000):  # up to 60 s for the other threads to start their requests
                     if engine.scheduler.running >= gather or done.wait(0.001):
                         break
 
@@ -209,7 +209,10 @@ def test_a_cancelled_request_frees_its_sequence_and_the_others_finish_exactly():
 
 
 def test_a_refused_part_fails_its_request_only():
-    engine, model = batch_engine(3, "ngram")
+    # gather: no forward (so no refusal, no slot freed) before all three hold a slot each; without
+    # it, a thread that starts late on a busy machine took slot 1 after its refused request left it,
+    # and failed too
+    engine, model = batch_engine(3, "ngram", gather=3)
     model.refuse_seq = 1
     results: dict[int, object] = {}
     barrier = threading.Barrier(3)
