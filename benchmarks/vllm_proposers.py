@@ -24,9 +24,11 @@ requests in one ``generate`` call. ``--concurrent N`` adds each workload as N id
 call (``copy_edit xN``, ...; the session's second request N times after its first); ``--workloads``
 picks a subset by name. Every workload runs on every engine before the next workload
 starts, in an order rotated per workload, so rows see the same minutes of a shared machine. Before
-each workload our proposers forget their history (``LLM.collective_rpc``), so a row never drafts
-from its own earlier run of the same prompt; ArcticInference's ``suffix`` cannot be told to, so its
-cache holds the earlier workloads' outputs (favourable to it where they overlap).
+each workload our proposers forget their history and ArcticInference's ``suffix`` evicts every
+response it cached (``LLM.collective_rpc``), so no row drafts from its own earlier run of the same
+prompt. (Until 2026-12-02 08:45 ``suffix`` kept its cache: the x8 and batch rows that followed a
+workload with the same prompts drafted from remembered answers: session x8 365 tok/s, 7.1 tokens per
+step, against 222 for ours.)
 
 Every engine gets the same OpenMP threads (``--threads``, default 1): vLLM's ``ngram`` silently
 drops the model to one thread on CPU (numba's OpenMP layer), so equal threads is the only fair
@@ -80,10 +82,18 @@ BATCH_EXTRA = ["Name three uses of a hash table.", "Describe how rain forms, in 
 
 
 def _forget(worker) -> bool:
-    """Run in vLLM's worker: make our proposer forget (see the module docstring)."""
+    """Run in vLLM's worker: make our proposer, or ArcticInference's suffix cache, forget the earlier
+    workloads (see the module docstring)."""
     drafter = getattr(worker.model_runner, "drafter", None)
     if drafter is not None and hasattr(drafter, "forget"):
         drafter.forget()
+        return True
+    cache = getattr(drafter, "suffix_cache", None)
+    if cache is not None:  # vLLM's SuffixDecodingProposer: stop the requests it has not seen end
+        for req_id in list(cache.active_requests):  # (the last batch: no step came after it)
+            cache.stop_request(req_id)
+        for req_id in list(cache.cached_requests):  # and evict every response it cached
+            cache.evict_cached_response(req_id)
         return True
     return False
 
@@ -195,7 +205,7 @@ def main() -> None:
         order = rows[wi % len(rows):] + rows[: wi % len(rows)]
         for name in order:
             llm = engines[name]
-            if name.startswith("ours"):
+            if name.startswith("ours") or name == "suffix":
                 llm.collective_rpc(_forget)
             for ci, call in enumerate(calls):
                 before = counters(llm)
