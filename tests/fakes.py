@@ -307,6 +307,7 @@ class BatchByteModel(ByteModel):
         self.n_batch = n_batch
         self.caches: list[list[int]] = [[] for _ in range(n_seq)]
         self.rounds: list[list[tuple[int, int, str]]] = []
+        self.copies: list[tuple[int, int, int]] = []  # seq_copy calls: (src, dst, n_keep)
         self.refuse_seq: int | None = None
         self.on_round = None
         self._inside = threading.Lock()
@@ -320,6 +321,11 @@ class BatchByteModel(ByteModel):
     def seq_rollback(self, seq: int, n_keep: int) -> None:
         assert 0 <= n_keep <= len(self.caches[seq])
         del self.caches[seq][n_keep:]
+
+    def seq_copy(self, src: int, dst: int, n_keep: int) -> None:
+        assert src != dst and 0 <= n_keep <= len(self.caches[src])
+        self.copies.append((src, dst, n_keep))
+        self.caches[dst] = list(self.caches[src][:n_keep])
 
     def decode_many(self, parts) -> list[list[int]]:
         from promptlookup.backends.base import BackendError

@@ -440,3 +440,44 @@ def test_batch_cost_learns_from_a_round_of_several_forwards():
     assert cost.seconds(4) == pytest.approx(1.5 * linear_cost(4))
     assert cost.seconds(8) == pytest.approx(1.5 * linear_cost(8))
     assert cost.seconds(2) == pytest.approx(linear_cost(2))
+
+
+SHARED = "You are a careful assistant. Here is the file we discuss, read it whole before answering: " * 2
+
+
+def test_a_prompt_shared_with_a_running_request_is_copied_not_computed():
+    """Request B opens with the same 180 bytes as request A, which is still running on slot 0 (its
+    reader holds it): B takes slot 1, copies the 180 bytes from slot 0 and computes only the rest;
+    both get the tokens they get alone."""
+    engine, model = batch_engine(2, "off")
+    held = engine.generate(SHARED + "A: summarise it.", max_tokens=20, stream=True)
+    first = next(held)
+    assert first.tokens
+    prompt_b = SHARED + "B: list the functions."
+    fed_before = sum(n for r in model.rounds for seq, n, _ in r if seq == 1)
+    got = engine.generate(prompt_b, max_tokens=20)
+    fed = sum(n for r in model.rounds for seq, n, _ in r if seq == 1) - fed_before
+    shared = len(SHARED.encode())  # the bytes both prompts open with
+    assert model.copies == [(0, 1, shared)]
+    assert got.cached_tokens == shared
+    assert fed == len(prompt_b.encode()) - shared + len(got.tokens) - 1  # the rest, then one per token
+    assert got.tokens == alone(prompt_b, "off", max_tokens=20)
+    rest = [t for c in held for t in c.tokens]
+    assert first.tokens + rest == alone(SHARED + "A: summarise it.", "off", max_tokens=20)
+    assert engine.scheduler.prefix_copies == 1 and engine.scheduler.prefix_copied_tokens == shared
+
+
+def test_a_short_shared_prefix_or_reuse_prefix_off_copies_nothing():
+    engine, model = batch_engine(2, "off")
+    engine.generate("short shared opening, then A", max_tokens=5)
+    busy = engine.generate(SHARED + "A", max_tokens=5, stream=True)
+    next(busy)
+    engine.generate("short shared opening, then B", max_tokens=5)  # shares under 32 positions
+    assert model.copies == []
+    list(busy)
+    engine, model = batch_engine(2, "off", reuse_prefix=False)
+    busy = engine.generate(SHARED + "A", max_tokens=5, stream=True)
+    next(busy)
+    engine.generate(SHARED + "B", max_tokens=5)
+    assert model.copies == []
+    list(busy)

@@ -236,6 +236,35 @@ def test_a_cleared_sequence_keeps_no_trace_of_its_last_request(many, alone):
 
 
 @requires_model
+def test_a_copied_prefix_decodes_as_the_computed_one(many, alone):
+    """Sequence 3 gets sequence 1's first 40 positions by ``seq_copy`` (a whole KV stream copied,
+    the rest dropped) while sequence 1 goes on decoding in the same forwards: its rows are those of
+    the same prompt computed alone, and sequence 1's are unchanged by the copy."""
+    _clear(many)
+    text = many.tokenize(" ".join((PROMPTS[2], PROMPTS[0], PROMPTS[2])))
+    assert 41 < len(text) < 99
+    many.decode_many([SeqDecode(1, text, "last"), SeqDecode(3, many.tokenize(PROMPTS[3]), "last")])
+    many.seq_copy(1, 3, 40)
+    assert many.seq_tokens(3) == text[:40] and many.seq_tokens(1) == text
+    log: dict[int, list] = {1: [], 3: []}
+    _decode(many, [SeqDecode(3, text[40:], "all"), SeqDecode(1, [5, 6, 7], "all")], log)
+    _decode(many, [SeqDecode(3, [8, 9]), SeqDecode(1, [10])], log)
+    log[3].insert(0, ("decode", text[:40], "none", None, None))
+    ref = _replay_alone(alone, log[3])
+    for op, r in zip(log[3][1:], ref[1:], strict=True):
+        assert op[3] == r[3] or not INVARIANT
+        _assert_rows_match(op[4], r[4], "the copied sequence 3")
+    log[1].insert(0, ("decode", text, "last", None, None))
+    ref = _replay_alone(alone, log[1])
+    for op, r in zip(log[1][1:], ref[1:], strict=True):
+        _assert_rows_match(op[4], r[4], "the source sequence 1")
+    with pytest.raises(BackendError, match="cannot copy 99 positions of sequence 1"):
+        many.seq_copy(1, 2, 99)
+    with pytest.raises(BackendError, match="cannot copy 3 positions of sequence 1"):
+        many.seq_copy(1, 1, 3)
+
+
+@requires_model
 def test_the_single_sequence_api_is_sequence_0(many, alone):
     _clear(many)
     prompt = many.tokenize(PROMPTS[3])

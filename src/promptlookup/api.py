@@ -52,6 +52,10 @@ from promptlookup.tools import ToolCall, ToolFormat, format_for, supports_tools,
 # What speculation does when nobody says: the best setting we measured (docs/results.md).
 DEFAULT_SPECULATE = "auto"
 MAX_PARALLEL = 64  # requests one engine runs at once
+#: prompt positions a copy from another slot must add to what a request's own slot keeps: copying
+#: llama.cpp's whole KV stream cost about what 25 prompt tokens take to compute (the bundled model,
+#: 2048 positions per sequence), so shorter shared prefixes are computed
+MIN_PREFIX_COPY = 32
 ROLES = ("system", "developer", "user", "assistant", "tool")  # "developer": OpenAI's newer name for system
 __all__ = ["DEFAULT_SPECULATE", "MAX_STOPS", "MAX_STOP_CHARS", "ROLES", "Chunk", "Completion", "Engine",
            "Options", "RequestError", "RequestOptions", "check_messages", "load_backend"]
@@ -376,11 +380,22 @@ class Engine:
         try:
             if sched is not None:
                 sched.open(slot.seq)
+                if self.reuse_prefix:
+                    keep = self._copy_prefix(slot, keep, ids)
             yield from self._run_on(slot, keep, ids, opts, spec, sampler, stops)
         finally:
             if sched is not None:
                 sched.close(slot.seq)
             self._pool.release(slot)
+
+    def _copy_prefix(self, slot: Slot, keep: int, ids: list[int]) -> int:
+        """Where another slot holds a longer prefix of the prompt than ``slot`` does (by more than
+        :data:`MIN_PREFIX_COPY` positions), copy it into ``slot``; the positions kept either way."""
+        assert self.scheduler is not None
+        donor, n = self._pool.best_donor(ids, slot)
+        if donor is None or n <= keep + MIN_PREFIX_COPY:
+            return keep
+        return self.scheduler.copy_prefix(donor.seq, slot.seq, ids, keep + MIN_PREFIX_COPY) or keep
 
     def _run_on(self, slot: Slot, keep: int, ids: list[int], opts: RequestOptions, spec: SourceSpec,
                 sampler: Sampler, stops: list[str]) -> Iterator[Chunk]:

@@ -139,6 +139,12 @@ class BatchDecoder(Protocol):
     def seq_rollback(self, seq: int, n_keep: int) -> None:
         """Drop sequence ``seq``'s cached positions from ``n_keep`` on (0 clears it)."""
 
+    def seq_copy(self, src: int, dst: int, n_keep: int) -> None:
+        """Make sequence ``dst`` hold the first ``n_keep`` cached positions of ``src`` (what ``dst``
+        held is dropped): a prompt prefix that another sequence computed is copied, not computed
+        again. ``src`` is unchanged. The copy equals a computed prefix where batched logits equal
+        single ones."""
+
     def is_eog(self, token: int) -> bool:
         """True when ``token`` ends generation (EOS, EOT, ...)."""
 

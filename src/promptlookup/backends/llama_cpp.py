@@ -531,6 +531,26 @@ class LlamaCppBackend:
                                    f"{self._seq_note(seq)}")
             del ids[n_keep:]
 
+    def seq_copy(self, src: int, dst: int, n_keep: int) -> None:
+        """``dst`` holds ``src``'s first ``n_keep`` positions. Each sequence has a KV stream of its own,
+        and llama.cpp copies between streams only whole (``llama_memory_seq_cp`` over every position:
+        the cells now, the data at the start of the next ``llama_decode``, before anything is written),
+        so the copy is whole and ``dst``'s positions from ``n_keep`` on are then dropped. Measured on the
+        bundled model: a whole 2048-position stream copied in about a tenth of the time 250 prompt
+        tokens take to compute, its rows bit-identical to computed ones on the invariant build."""
+        self._check_seq(src)
+        self._check_seq(dst)
+        ids = self._seq_ids[src]
+        if src == dst or not 0 <= n_keep <= len(ids):
+            raise BackendError(f"cannot copy {n_keep} positions of sequence {src} ({len(ids)} cached) "
+                               f"to sequence {dst}")
+        self._lib.llama_memory_seq_rm(self._mem, dst, -1, -1)
+        self._lib.llama_memory_seq_cp(self._mem, src, dst, -1, -1)
+        if n_keep < len(ids) and not self._lib.llama_memory_seq_rm(self._mem, dst, n_keep, -1):
+            raise BackendError(f"llama_memory_seq_rm refused to drop positions {n_keep}.."
+                               f"{self._seq_note(dst)}")
+        self._seq_ids[dst] = list(ids[:n_keep])
+
     @property
     def n_past(self) -> int:
         """Positions sequence 0 holds (the single-sequence API's)."""

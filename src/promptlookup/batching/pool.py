@@ -83,6 +83,21 @@ class SlotPool:
             best.last_used = next(self._tick)
             return best, keep
 
+    def best_donor(self, ids: Sequence[int], taker: Slot) -> tuple[Slot | None, int]:
+        """The other slot, busy or free, whose cache shares the longest prefix with prompt ``ids``,
+        and that length (``taker``'s own is what :meth:`acquire` counted): where it is longer, the
+        prefix is copied rather than computed again (many requests open with one system prompt, one
+        file, one tool list). Read without the pool's lock: a busy slot's cache only grows or rolls
+        back its drafts meanwhile, and :meth:`Scheduler.copy_prefix` reads it again under its own."""
+        best, best_n = None, 0
+        for slot in self.slots:
+            if slot is taker:
+                continue
+            n = common_prefix(slot.decoder.tokens, ids)
+            if n > best_n:
+                best, best_n = slot, n
+        return best, best_n
+
     def release(self, slot: Slot) -> None:
         with self._cv:
             if slot not in self._free:

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from promptlookup.backends.base import BackendError, BatchDecoder, SeqDecode, check_keep
+from promptlookup.backends.base import BackendError, BatchDecoder, SeqDecode, check_keep, common_prefix
 from promptlookup.batching.pricing import BatchCost, DraftPricing
 from promptlookup.sampling import Sampler
 
@@ -89,6 +89,8 @@ class Scheduler:
         self._leading = False
         self._caps: dict[int, int] = {}
         self._caps_round = -1
+        self.prefix_copies = 0  # prompts that started from another sequence's copied prefix
+        self.prefix_copied_tokens = 0
 
     # -- a request's life on a sequence ---------------------------------------------------------
     def open(self, seq: int) -> None:
@@ -236,6 +238,23 @@ class Scheduler:
             while self._leading:
                 self._cv.wait()
             self.backend.seq_rollback(seq, n_keep)
+
+    def copy_prefix(self, src: int, dst: int, ids: Sequence[int], more_than: int) -> int:
+        """Copy into ``dst`` (dropping its cache) the longest prefix of ``ids`` that ``src`` holds, if
+        that is more than ``more_than`` positions; never while a round runs (as :meth:`rollback`).
+        Returns the positions of ``ids`` that ``dst`` now holds, 0 when nothing was copied (``dst``
+        untouched). What ``src`` holds is read here, under the lock: its request may have moved on
+        since the caller looked."""
+        with self._cv:
+            while self._leading:
+                self._cv.wait()
+            n = common_prefix(self.backend.seq_tokens(src), ids)
+            if n <= more_than:
+                return 0
+            self.backend.seq_copy(src, dst, n)
+            self.prefix_copies += 1
+            self.prefix_copied_tokens += n
+            return n
 
     def draft_cap(self, seq: int) -> int | None:
         """How many tokens ``seq`` may draft for the next round (None: no cap, one request running)."""
