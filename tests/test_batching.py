@@ -481,3 +481,29 @@ def test_a_short_shared_prefix_or_reuse_prefix_off_copies_nothing():
     engine.generate(SHARED + "B", max_tokens=5)
     assert model.copies == []
     list(busy)
+
+
+@pytest.mark.parametrize("grace", [0.0, 30.0])
+def test_a_round_gives_a_parked_sequence_its_grace_to_join(grace):
+    """Sequence 1's chunk is with its consumer (parked) when sequence 0 asks for a round: with a
+    grace the round waits for sequence 1 to come back (one forward of both); without, it runs
+    sequence 0 alone and sequence 1 gets a round of its own."""
+    model = BatchByteModel(n_seq=2)
+    sched = Scheduler(model, park_grace=grace)
+    sched.open(0)
+    sched.open(1)
+    sched.park(1)
+    def request_0() -> None:
+        sched.decode(SeqDecode(0, [1, 2, 3], "last"))
+        sched.close(0)  # its request ends: later rounds do not wait for it
+
+    a = threading.Thread(target=request_0)
+    a.start()
+    if grace == 0.0:
+        a.join(30)  # its round ran without sequence 1
+    sched.unpark(1)
+    sched.decode(SeqDecode(1, [4, 5], "last"))
+    a.join(30)
+    sched.stop()
+    expected = [[(0, 3, "last"), (1, 2, "last")]] if grace else [[(0, 3, "last")], [(1, 2, "last")]]
+    assert model.rounds == expected
