@@ -53,8 +53,8 @@ from promptlookup.tools import ToolCall, ToolFormat, format_for, supports_tools,
 DEFAULT_SPECULATE = "auto"
 MAX_PARALLEL = 64  # requests one engine runs at once
 #: prompt positions a copy from another slot must add to what a request's own slot keeps: copying
-#: llama.cpp's whole KV stream cost about what 25 prompt tokens take to compute (the bundled model,
-#: 2048 positions per sequence), so shorter shared prefixes are computed
+#: llama.cpp's whole KV stream cost about what a dozen prompt tokens take to compute (the bundled
+#: model, 2048 positions per sequence: docs/results.md), so shorter shared prefixes are computed
 MIN_PREFIX_COPY = 32
 ROLES = ("system", "developer", "user", "assistant", "tool")  # "developer": OpenAI's newer name for system
 __all__ = ["DEFAULT_SPECULATE", "MAX_STOPS", "MAX_STOP_CHARS", "ROLES", "Chunk", "Completion", "Engine",
