@@ -172,7 +172,7 @@ class Scheduler:
                         self._ready.wait()
                     if self._stopped or graced or self.park_grace <= 0 or not self._parked():
                         break
-                    graced = True  # once per round: a consumer that holds its chunk stalls no one
+                    graced = True  # once per round: a consumer holding its chunk costs a round 2 ms at most
                     self._ready.wait(self.park_grace)
                 if self._stopped:
                     for t in self._pending.values():
