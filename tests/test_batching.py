@@ -467,6 +467,81 @@ def test_a_prompt_shared_with_a_running_request_is_copied_not_computed():
     assert engine.scheduler.prefix_copies == 1 and engine.scheduler.prefix_copied_tokens == shared
 
 
+def start_when_waited(engine: Engine, model: BatchByteModel, at_round: int, jobs: list[tuple[str, int]],
+                      out: dict) -> list[threading.Thread]:
+    """At round ``at_round`` of the double, start each job (prompt, max_tokens) on a thread of its
+    own, one after another, each once the previous one waits for a prefix in flight (up to 60 s):
+    so each opens while the earlier requests are still reading their prompts."""
+    threads: list[threading.Thread] = []
+
+    def work(prompt: str, max_tokens: int) -> None:
+        out[prompt] = engine.generate(prompt, max_tokens=max_tokens)
+
+    def on_round(n: int) -> None:
+        if n != at_round:
+            return
+        for k, (prompt, max_tokens) in enumerate(jobs, 1):
+            t = threading.Thread(target=work, args=(prompt, max_tokens))
+            t.start()
+            threads.append(t)
+            done = threading.Event()
+            for _ in range(60_000):
+                if engine.scheduler.prefix_waits >= k or done.wait(0.001):
+                    break
+
+    model.on_round = on_round
+    return threads
+
+
+def test_requests_arriving_together_read_their_shared_opening_once():
+    """A reads its prompt 16 tokens a round; B and C open with the same 180 bytes and arrive while A
+    is still reading them (round 1). Neither reads them too: B waits until A's sequence holds the
+    180 bytes and copies them; C, which shares more with B than with A, waits for B, then copies.
+    Every request gets the tokens it gets alone, and the shared bytes are fed once in all."""
+    engine, model = batch_engine(3, "off", prefill_chunk=16)
+    tails = ("A: summarise it.", "B: list the functions.", "B: list the classes.")
+    prompts = [SHARED + tail for tail in tails]
+    out: dict = {}
+    threads = start_when_waited(engine, model, 1, [(prompts[1], 20), (prompts[2], 20)], out)
+    out[prompts[0]] = engine.generate(prompts[0], max_tokens=20)
+    for t in threads:
+        t.join(60)
+    shared = len(SHARED.encode())
+    bc = len((SHARED + "B: list the ").encode())
+    assert model.copies == [(0, 1, shared), (1, 2, bc)]
+    assert engine.scheduler.prefix_waits == 2 and engine.scheduler.prefix_copies == 2
+    for p in prompts:
+        assert out[p].tokens == alone(p, "off", max_tokens=20)
+    assert [out[p].cached_tokens for p in prompts] == [0, shared, bc]
+    fed = sum(n for r in model.rounds for _, n, _ in r)
+    assert fed == sum(len(p.encode()) + len(out[p].tokens) - 1 for p in prompts) - shared - bc
+
+
+def test_a_request_waiting_for_a_prefix_that_is_never_read_goes_on_alone():
+    """B arrives while A reads its first 16 tokens and waits for A's opening, but A's request fails
+    on its next round (the double then refuses sequence 0): B stops waiting, copies nothing (A's
+    sequence holds too little) and reads its whole prompt itself, with the tokens it gets alone."""
+    engine, model = batch_engine(2, "off", prefill_chunk=16)
+    prompt_b = SHARED + "B: list the functions."
+    out: dict = {}
+    threads = start_when_waited(engine, model, 0, [(prompt_b, 10)], out)
+    starting = model.on_round
+
+    def on_round(n: int) -> None:
+        starting(n)
+        if n == 0:
+            model.refuse_seq = 0  # from the next forward on
+
+    model.on_round = on_round
+    with pytest.raises(BackendError, match="sequence 0 refused"):
+        engine.generate(SHARED + "A: summarise it.", max_tokens=10)
+    for t in threads:
+        t.join(60)
+    assert engine.scheduler.prefix_waits == 1 and model.copies == []
+    assert out[prompt_b].tokens == alone(prompt_b, "off", max_tokens=10)
+    assert out[prompt_b].cached_tokens == 0
+
+
 def test_a_short_shared_prefix_or_reuse_prefix_off_copies_nothing():
     engine, model = batch_engine(2, "off")
     engine.generate("short shared opening, then A", max_tokens=5)

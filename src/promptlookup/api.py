@@ -379,7 +379,7 @@ class Engine:
         sched = self.scheduler
         try:
             if sched is not None:
-                sched.open(slot.seq)
+                sched.open(slot.seq, ids)
                 if self.reuse_prefix:
                     keep = self._copy_prefix(slot, keep, ids)
             yield from self._run_on(slot, keep, ids, opts, spec, sampler, stops)
@@ -389,13 +389,20 @@ class Engine:
             self._pool.release(slot)
 
     def _copy_prefix(self, slot: Slot, keep: int, ids: list[int]) -> int:
-        """Where another slot holds a longer prefix of the prompt than ``slot`` does (by more than
-        :data:`MIN_PREFIX_COPY` positions), copy it into ``slot``; the positions kept either way."""
-        assert self.scheduler is not None
+        """Where another slot holds, or an earlier running request is reading, a longer prefix of the
+        prompt than ``slot`` holds (by more than :data:`MIN_PREFIX_COPY` positions), copy it into
+        ``slot`` (after waiting for it to be read, :meth:`Scheduler.copy_in_flight`); the positions
+        kept either way."""
+        sched = self.scheduler
+        assert sched is not None
         donor, n = self._pool.best_donor(ids, slot)
+        got = sched.copy_in_flight(slot.seq, ids, max(keep, n) + MIN_PREFIX_COPY)
+        if got:
+            return got
+        donor, n = self._pool.best_donor(ids, slot)  # what the wait, if any, left in a cache
         if donor is None or n <= keep + MIN_PREFIX_COPY:
             return keep
-        return self.scheduler.copy_prefix(donor.seq, slot.seq, ids, keep + MIN_PREFIX_COPY) or keep
+        return sched.copy_prefix(donor.seq, slot.seq, ids, keep + MIN_PREFIX_COPY) or keep
 
     def _run_on(self, slot: Slot, keep: int, ids: list[int], opts: RequestOptions, spec: SourceSpec,
                 sampler: Sampler, stops: list[str]) -> Iterator[Chunk]:

@@ -18,6 +18,11 @@ completed, and the forwards come from one place, as llama.cpp's OpenMP build pre
 Prompts are split into chunks of at most ``prefill_chunk`` tokens, one chunk per round, so a long
 prompt costs the running sequences one chunk's time per round instead of the whole prompt's.
 
+A prompt that opens like one an earlier running request is still reading waits for that request to
+read the shared part and copies it (:meth:`Scheduler.copy_in_flight`) rather than compute it in the
+same rounds: requests that arrive together (an agent's parallel calls, users of one system prompt)
+then pay for their common opening once.
+
 A part the backend refuses (a context overflow, a bad token) fails alone: when a forward is refused,
 each of its parts is decoded alone, so only the part at fault gets the error.
 """
@@ -94,12 +99,17 @@ class Scheduler:
         self._leading = False
         self._caps: dict[int, int] = {}
         self._caps_round = -1
+        self._prompts: dict[int, tuple[int, Sequence[int]]] = {}  # running seq: (its request's order, prompt)
+        self._opened = 0
+        self._waiting: set[int] = set()  # running sequences waiting for another's prefix
+        self.prefix_waits = 0  # prompts that waited for an earlier request to read their opening
         self.prefix_copies = 0  # prompts that started from another sequence's copied prefix
         self.prefix_copied_tokens = 0
 
     # -- a request's life on a sequence ---------------------------------------------------------
-    def open(self, seq: int) -> None:
-        """A request starts on ``seq`` (its thread is busy from now on)."""
+    def open(self, seq: int, prompt: Sequence[int] = ()) -> None:
+        """A request starts on ``seq`` (its thread is busy from now on); ``prompt``: its prompt, which
+        later requests may wait for and copy (:meth:`copy_in_flight`)."""
         if not 0 <= seq < self.backend.n_seq:
             raise BackendError(f"sequence {seq} is outside 0..{self.backend.n_seq - 1}")
         with self._cv:
@@ -107,6 +117,8 @@ class Scheduler:
                 raise BackendError(f"sequence {seq} already runs a request")
             self._running.add(seq)
             self._busy.add(seq)
+            self._opened += 1
+            self._prompts[seq] = (self._opened, prompt)
             if self.pricing is not None:
                 self.pricing.start(seq)
 
@@ -116,7 +128,9 @@ class Scheduler:
             self._running.discard(seq)
             self._busy.discard(seq)
             self._pending.pop(seq, None)
+            self._prompts.pop(seq, None)
             self._wake()
+            self._cv.notify_all()  # a request waiting for this one's prefix stops waiting
 
     def park(self, seq: int) -> None:
         """``seq``'s thread leaves the engine for a while (a chunk handed to its consumer)."""
@@ -184,13 +198,15 @@ class Scheduler:
 
     def _parked(self) -> bool:
         """Whether a running sequence is neither computing nor waiting: its chunk is with its consumer."""
-        return any(s not in self._busy and s not in self._pending for s in self._running)
+        return any(s not in self._busy and s not in self._pending and s not in self._waiting
+                   for s in self._running)
 
     def stop(self) -> None:
         """End the forward thread (requests still waiting get a BackendError); idempotent."""
         with self._lock:
             self._stopped = True
             self._ready.notify_all()
+            self._cv.notify_all()
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(60)
@@ -263,6 +279,54 @@ class Scheduler:
         with self._cv:
             while self._leading:
                 self._cv.wait()
+            n = common_prefix(self.backend.seq_tokens(src), ids)
+            if n <= more_than:
+                return 0
+            self.backend.seq_copy(src, dst, n)
+            self.prefix_copies += 1
+            self.prefix_copied_tokens += n
+            return n
+
+    def copy_in_flight(self, dst: int, ids: Sequence[int], more_than: int) -> int:
+        """If a request opened before ``dst``'s and still running has a prompt that shares more than
+        ``more_than`` positions with ``ids``, wait (out of the rounds) until its sequence holds that
+        prefix, or its request ends, then copy what it holds of it into ``dst`` (dropping ``dst``'s
+        cache) if that is still more than ``more_than``. Returns the positions of ``ids`` that
+        ``dst`` now holds, 0 when nothing was copied (``dst`` untouched).
+
+        Waiting costs ``dst``'s request nothing it would not pay anyway: the earlier request reads
+        the shared part one chunk a round, as ``dst`` would, and those rounds are shorter for not
+        reading it twice. Only an earlier request is waited for, so two never wait for each other."""
+        with self._cv:
+            mine = self._prompts.get(dst)
+            if mine is None:
+                raise BackendError(f"sequence {dst} has no request running (open it first)")
+            src, want = -1, more_than
+            for seq, (order, prompt) in self._prompts.items():
+                if order < mine[0]:
+                    n = common_prefix(prompt, ids)
+                    if n > want:
+                        src, want = seq, n
+            if src < 0:
+                return 0
+            order = self._prompts[src][0]
+            self.prefix_waits += 1
+            self._waiting.add(dst)
+            self._busy.discard(dst)
+            self._wake()
+            try:
+                while not self._stopped and self._prompts.get(src, (None,))[0] == order and (
+                        self._leading or len(self.backend.seq_tokens(src)) < want
+                        or common_prefix(self.backend.seq_tokens(src), ids) < want):
+                    self._cv.wait()
+                while self._leading:
+                    self._cv.wait()
+                if self._stopped:
+                    raise BackendError("the engine is closed")
+            finally:
+                self._waiting.discard(dst)
+                if dst in self._running:
+                    self._busy.add(dst)
             n = common_prefix(self.backend.seq_tokens(src), ids)
             if n <= more_than:
                 return 0
