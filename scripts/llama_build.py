@@ -319,18 +319,22 @@ def install_project(python: str, wheelhouse: Path, extras: str) -> None:
 class SmokeResult:
     ok: bool
     line: str
+    stopped: bool = False  # stopped from outside (a signal a bad build never sends): no verdict on the build
 
 
 def run_smoke(python: str) -> SmokeResult:
     """``promptlookup doctor --smoke-only``: it runs the smoke test in a child of its own and prints
     one line (which signal, which step, or which check failed; for a build without the
-    batch-dependent kernels, whether every row was bit-identical to its one-token decode)."""
+    batch-dependent kernels, whether every row was bit-identical to its one-token decode). Exit
+    status 4 (``SMOKE_STOPPED_STATUS``): the child was stopped from outside; the doctor itself dying
+    by a signal is that too (it never loads llama.cpp)."""
     proc = subprocess.run([python, "-m", "promptlookup", "doctor", "--smoke-only"],
                           capture_output=True, text=True)
     text = (proc.stdout.strip().splitlines() or [""])[-1] or (proc.stderr.strip().splitlines() or [""])[-1]
-    if proc.returncode < 0:  # the doctor itself died: should not happen, the child is the one at risk
-        text = f"the smoke test's parent died by signal {-proc.returncode}: {text}"
-    return SmokeResult(proc.returncode == 0, text or f"exit status {proc.returncode}")
+    if proc.returncode < 0:
+        text = f"the smoke test's parent was stopped by signal {-proc.returncode}: {text}"
+    return SmokeResult(proc.returncode == 0, text or f"exit status {proc.returncode}",
+                       stopped=proc.returncode < 0 or proc.returncode == 4)
 
 
 def ensure_llama(python: str, venv: Path, wheelhouse_root: Path,
@@ -350,6 +354,9 @@ def ensure_llama(python: str, venv: Path, wheelhouse_root: Path,
         if result.ok:
             log(f"{build.name} (key {build.key}): {result.line}")
             return build
+        if result.stopped:  # not the build's fault: nothing is marked, the next set-up tries it again
+            raise SystemExit(f"setup: error: {build.name} (key {build.key}): {result.line}. "
+                             f"Run set-up again.")
         last = result.line
         log(f"{build.name} (key {build.key}): {result.line}")
         build.folder.mkdir(parents=True, exist_ok=True)

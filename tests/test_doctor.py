@@ -41,6 +41,13 @@ def test_parse_child_outcomes():
     assert not wrong.ok and wrong.line() == "wrong result: row 3 off"
     died = doctor.parse_child(-11, "step: prefill 300 tokens\n")
     assert died.line() == "llama.cpp died by SIGSEGV during step 'prefill 300 tokens'"
+    assert not died.stopped_from_outside
+    for sig in (9, 15, 2, 1):  # SIGKILL, SIGTERM, SIGINT, SIGHUP: someone (or the OOM killer) stopped it
+        stopped = doctor.parse_child(-sig, "step: batch invariance\n")
+        assert stopped.stopped_from_outside and not stopped.ok
+    assert stopped.line() == ("the smoke test was stopped by SIGHUP during step 'batch invariance' (from "
+                              "outside: someone stopped it, or the machine ran out of memory); it says "
+                              "nothing about the build")
     silent = doctor.parse_child(1, "step: load the model\n", "Traceback...\nImportError: no llama_cpp\n")
     assert silent.line() == ("the smoke test exited with status 1 during step 'load the model': "
                              "ImportError: no llama_cpp")
@@ -190,3 +197,17 @@ def test_a_library_that_cannot_load_is_a_backend_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp raises ImportError
     with pytest.raises(BackendError, match=r"llama.cpp library could not be loaded .*promptlookup doctor"):
         LlamaCppBackend("model.gguf")
+
+
+@pytest.mark.parametrize(("code", "status"), [(-4, 3), (-9, 4), (0, 0)])
+def test_smoke_only_exit_status_tells_a_bad_build_from_a_stopped_test(tmp_path, monkeypatch, capsys, code,
+                                                                        status):
+    """3: the build is bad (SIGILL); 4: the smoke test was stopped from outside (SIGKILL), which set-up
+    must not hold against the build; 0: healthy."""
+    monkeypatch.setenv("PROMPTLOOKUP_CACHE", str(tmp_path))
+    monkeypatch.setattr(doctor, "library_fingerprint", lambda: "feedfacefeedface")
+    child = 'step: verify 9 tokens\n' + ('result: {"rows": 9}\n' if code == 0 else "")
+    monkeypatch.setattr(doctor, "run_smoke_child",
+                        lambda model, threads=None, curve=False: doctor.parse_child(code, child))
+    assert doctor.run_doctor(None, None, smoke_only=True) == status
+    assert capsys.readouterr().out.startswith("smoke test " + ("passed" if code == 0 else "failed"))

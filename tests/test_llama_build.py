@@ -148,6 +148,45 @@ def test_set_up_fails_clearly_when_the_conservative_build_dies_too(tmp_path):
     assert "promptlookup doctor" in msg
 
 
+def _killed_smoke(python: str) -> lb.SmokeResult:
+    """A real child stopped by SIGKILL in its batch-invariance step (as when someone stops set-up, or
+    the kernel runs out of memory), read the way the doctor reads it."""
+    child = ("import os, signal\nprint('step: batch invariance', flush=True)\n"
+             "os.kill(os.getpid(), signal.SIGKILL)\n")
+    out = doctor.run_smoke_child("unused", command=[sys.executable, "-c", child])
+    return lb.SmokeResult(out.ok, out.summary(), stopped=out.stopped_from_outside)
+
+
+def test_a_smoke_test_stopped_from_outside_stops_set_up_and_condemns_no_build(tmp_path):
+    rec = Recorder(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        lb.ensure_llama("py", tmp_path, tmp_path, smoke=_killed_smoke, install=rec.install, plans=rec.plans)
+    host = rec.plans("host")
+    assert str(exc.value) == (
+        f"setup: error: host build, invariant kernels (key {host.key}): smoke test failed: the smoke test "
+        "was stopped by SIGKILL during step 'batch invariance' (from outside: someone stopped it, or the "
+        "machine ran out of memory); it says nothing about the build. Run set-up again.")
+    assert rec.installed == ["host"]  # no rebuild
+    assert not host.failed  # the next set-up tries the host build again
+    build = lb.ensure_llama("py", tmp_path, tmp_path, smoke=lambda py: lb.SmokeResult(True, "ok"),
+                            install=rec.install, plans=rec.plans)
+    assert build.mode == "host"
+
+
+@pytest.mark.parametrize(("status", "stopped"), [(0, False), (3, False), (4, True), (-15, True)])
+def test_set_up_reads_the_doctors_exit_status(tmp_path, status, stopped):
+    """``doctor --smoke-only`` exits 4 when the smoke test was stopped from outside; the doctor itself
+    killed by a signal (here SIGTERM) is that too. A stand-in python prints the doctor's line."""
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho 'smoke test failed: something'\n"
+                    + (f"kill -{-status} $$\n" if status < 0 else f"exit {status}\n"))
+    fake.chmod(0o755)
+    got = lb.run_smoke(str(fake))
+    assert (got.ok, got.stopped) == (status == 0, stopped)
+    assert got.line.endswith("smoke test failed: something")
+    assert doctor.SMOKE_STOPPED_STATUS == 4
+
+
 def test_a_passing_host_build_is_kept(tmp_path):
     rec = Recorder(tmp_path)
     build = lb.ensure_llama("py", tmp_path, tmp_path, smoke=lambda py: lb.SmokeResult(True, "ok"),

@@ -42,6 +42,12 @@ SHOWN_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "bmi2", "avx_vnni", "avx5
 
 
 # -- running the child ----------------------------------------------------------------------------
+#: signals that come from outside (a person, a supervisor, the kernel out of memory), never from a
+#: bad build: a smoke test they stop says nothing about the build, and set-up must not condemn it
+STOPPED_FROM_OUTSIDE = ("SIGKILL", "SIGTERM", "SIGINT", "SIGHUP")
+SMOKE_STOPPED_STATUS = 4  # ``doctor --smoke-only``'s exit status when the smoke test was stopped so
+
+
 @dataclass
 class SmokeOutcome:
     """What the child did: ``ok``, or how it failed (``signal`` name and ``step``, or ``failure``)."""
@@ -63,12 +69,20 @@ class SmokeOutcome:
                     f"{r.get('argmax_agree', '?')}/{r.get('rows', '?')}")
             inv = r.get("invariance")
             return f"{line}; {inv['line']}" if isinstance(inv, dict) and "line" in inv else line
+        if self.stopped_from_outside:
+            return (f"the smoke test was stopped by {self.signal} during step '{self.step}' (from outside: "
+                    f"someone stopped it, or the machine ran out of memory); it says nothing about the build")
         if self.signal:
             return f"llama.cpp died by {self.signal} during step '{self.step}'"
         if self.failure:
             return f"wrong result: {self.failure}"
         tail = f": {self.stderr_tail}" if self.stderr_tail else ""
         return f"the smoke test exited with status {self.returncode} during step '{self.step}'{tail}"
+
+    @property
+    def stopped_from_outside(self) -> bool:
+        """Killed by a signal that a bad build never sends (:data:`STOPPED_FROM_OUTSIDE`)."""
+        return self.signal in STOPPED_FROM_OUTSIDE
 
     def summary(self) -> str:
         """``smoke test passed: ...`` or ``smoke test failed: ...``: what set-up and the doctor print."""
@@ -258,7 +272,8 @@ def load_report(threads: int | None, load: Load | None = None, cores: int | None
 
 def run_doctor(model: str | os.PathLike[str] | None, threads: int | None, smoke_only: bool,
                out=print) -> int:
-    """Print the report; 0 when healthy, 3 when the smoke test failed, 2 when it could not run."""
+    """Print the report; 0 when healthy, 3 when the smoke test failed, 2 when it could not run, 4
+    (:data:`SMOKE_STOPPED_STATUS`, ``--smoke-only``) when it was stopped from outside."""
     from promptlookup.backends.models import resolve_model
 
     model_path = resolve_model(model)
@@ -282,7 +297,7 @@ def run_doctor(model: str | os.PathLike[str] | None, threads: int | None, smoke_
         out(outcome.summary())
         if outcome.ok:
             record_healthy()
-        return 0 if outcome.ok else 3
+        return 0 if outcome.ok else SMOKE_STOPPED_STATUS if outcome.stopped_from_outside else 3
     r = outcome.result
     if r.get("system_info"):
         out(f"llama.cpp built with: {r['system_info']}")
