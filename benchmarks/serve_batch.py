@@ -2,9 +2,15 @@
 side in one run (issue 24's benchmark; not run in CI).
 
 The workload: ``--requests`` (16) streaming chat requests per concurrency level, shared out among the
-clients (each client sends its share one after another), alternating two kinds: copy-heavy (rewrite a
-short Python file with one small edit: the answer copies the prompt, where prompt lookup pays) and
-prose (a short story about a thing: nothing to copy). ``--max-tokens`` 128, temperature 0.
+clients (client ``c`` of ``N`` sends requests ``c``, ``c + N``, ... one after another), half of each of
+two kinds: copy-heavy (rewrite a short Python file with one small edit: the answer copies the prompt,
+where prompt lookup pays) and prose (a short story about a thing: nothing to copy). ``--mix
+alternate`` (the default): each client alternates the kinds. ``--mix blocks``: request ``i`` is
+copy-heavy when ``i`` is even, the layout of every table before 2026-12-02 12:00 UTC, which with an
+even number of clients gives each client one kind only: where speculation speeds the copy-heavy
+requests, their clients finish early and the prose clients' tail runs with half the batch, so the
+level's tokens per second measures the tail. Each pass prints when the first and the last client
+finished. ``--max-tokens`` 128, temperature 0.
 
 Rows (``--rows``, in that order; for each level a fresh server is started as a subprocess on a free
 127.0.0.1 port, warmed up by one tiny untimed request, used, and stopped: no level drafts from, or
@@ -74,9 +80,21 @@ ROW_NP = re.compile(r"(ours|ls)-np([1-9][0-9]*)(-off|-spec)?")
 OUR_SRC = Path(__file__).resolve().parents[1] / "src"
 
 
-def request(i: int, max_tokens: int) -> dict:
-    """The ``i``-th request: even ones copy-heavy, odd ones prose."""
-    if i % 2 == 0:
+MIXES = ("alternate", "blocks")
+
+
+def client_requests(c: int, clients: int, requests: int, mix: str) -> list[tuple[int, bool]]:
+    """What client ``c`` of ``clients`` sends, in order: (request index, copy-heavy?)."""
+    mine = range(c, requests, clients)
+    if mix == "blocks":
+        return [(i, i % 2 == 0) for i in mine]
+    return [(i, (c + k) % 2 == 0) for k, i in enumerate(mine)]
+
+
+def request(i: int, max_tokens: int, copy: bool | None = None) -> dict:
+    """The ``i``-th request: copy-heavy or prose (default: even ones copy-heavy, odd ones prose); ``i``
+    picks the edit or the thing."""
+    if copy if copy is not None else i % 2 == 0:
         edit = EDITS[(i // 2) % len(EDITS)]
         text = f"Here is a Python file:\n\n```python\n{SNIPPET}```\n\nRewrite the whole file and {edit}."
     else:
@@ -146,9 +164,11 @@ def run_level(server: Server, spec: RowSpec, clients: int, args: argparse.Namesp
     model = server.model_id()
     results: list = []
 
+    done: list[float] = []
+
     def client(c: int) -> None:
-        for i in range(c, args.requests, clients):
-            body = {**request(i, args.max_tokens), "model": model, **spec.extra_body}
+        for i, copy in client_requests(c, clients, args.requests, args.mix):
+            body = {**request(i, args.max_tokens, copy), "model": model, **spec.extra_body}
             try:
                 m = parse_stream(server.stream_chat(body, args.request_timeout))
             except Exception as exc:  # noqa: BLE001 - a failed request is a row's error count
@@ -161,6 +181,7 @@ def run_level(server: Server, spec: RowSpec, clients: int, args: argparse.Namesp
                 except Exception:  # noqa: BLE001
                     pass
             results.append(m)
+        done.append(time.perf_counter() - t0)
 
     c0 = round_counters(server)
     t0 = time.perf_counter()
@@ -178,7 +199,7 @@ def run_level(server: Server, spec: RowSpec, clients: int, args: argparse.Namesp
     return {"tok_s": tokens / wall, "tokens": tokens, "wall": wall, "ttft50": pct(ttft, 0.5),
             "ttft95": pct(ttft, 0.95), "e2e50": pct(e2e, 0.5), "e2e95": pct(e2e, 0.95),
             "errors": len(results) - len(ok), "first_error": next((m.error for m in results if m.error), ""),
-            "rounds": rounds}
+            "rounds": rounds, "first_done": min(done, default=wall)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=1,
                    help="passes per level, rows taking turns (default 1); the table gives each row's "
                         "median and, with more than one, every pass's tok/s")
+    p.add_argument("--mix", choices=MIXES, default="alternate",
+                   help="how the two kinds are shared among the clients (default alternate: each client "
+                        "alternates them; blocks: even requests copy-heavy, the layout before 2026-12-02)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--request-timeout", type=float, default=600.0)
     p.add_argument("--llama-server", help="llama-server binary (default: built by benchmarks/llama_tools.py)")
@@ -212,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         args.llama_server = llama_tools.ensure_server()
     print(f"# serve_batch: {machine_line()}; -t {args.threads}, {args.requests} requests per level, "
           f"{args.max_tokens} tokens, ctx {args.ctx} per sequence, {args.repeat} pass(es) per level, "
-          "rows interleaved", flush=True)
+          f"rows interleaved, --mix {args.mix}", flush=True)
     logdir = Path(tempfile.mkdtemp(prefix="serve_batch-"))
     specs = {key: row_spec(key, args) for key in rows}  # again: ls- rows need the binary built above
     got: dict[tuple[str, int], list[dict]] = {}
@@ -239,8 +263,9 @@ def main(argv: list[str] | None = None) -> int:
                     share = (f", forwards {rd['seconds'] / r['wall']:.0%} of the wall clock: {n:.0f} rounds "
                              f"of {rd['parts'] / n:.2f} sequences, {rd['tokens'] / n:.1f} tokens, "
                              f"{rd['seconds'] / n * 1e3:.1f} ms")
-                print(f"<!-- {key} x{clients} pass {rep + 1}: {r['tok_s']:.1f} tok/s{share}, "
-                      f"errors {r['errors']} {r['first_error']} -->", flush=True)
+                print(f"<!-- {key} x{clients} pass {rep + 1}: {r['tok_s']:.1f} tok/s{share}; clients "
+                      f"done at {r['first_done']:.1f}-{r['wall']:.1f} s, errors {r['errors']} "
+                      f"{r['first_error']} -->", flush=True)
     print("| row | clients | tok/s | TTFT p50 | TTFT p95 | e2e p50 | e2e p95 | errors |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|", flush=True)
     for key in rows:
