@@ -30,6 +30,8 @@ PROMPTS = [
     "one more prompt that is a little longer than the others, to read in several chunks",
     "q",
 ]
+# an opening of 180 bytes that requests share (a system prompt, a file under discussion)
+SHARED = "You are a careful assistant. Here is the file we discuss, read it whole before answering: " * 2
 
 
 def linear_cost(n: int) -> float:
@@ -137,13 +139,15 @@ def test_more_requests_than_slots_wait_for_a_free_one():
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(arrivals=st.lists(st.integers(0, 30), min_size=2, max_size=5),
-       chunk=st.sampled_from([1, 3, 16]), n_seq=st.integers(2, 4))
-def test_requests_arriving_at_any_round_equal_their_tokens_alone(arrivals, chunk, n_seq):
-    """Request i starts when the backend has run ``arrivals[i]`` forwards (the first at once)."""
+       chunk=st.sampled_from([1, 3, 16]), n_seq=st.integers(2, 4), shared=st.booleans())
+def test_requests_arriving_at_any_round_equal_their_tokens_alone(arrivals, chunk, n_seq, shared):
+    """Request i starts when the backend has run ``arrivals[i]`` forwards (the first at once); with
+    ``shared``, every prompt opens with the same 180 bytes, so a request that arrives while an
+    earlier one reads them waits for them and copies them (or copies them from an idle slot)."""
     model = BatchByteModel(n_seq=n_seq)
     engine = Engine.from_backend(model, speculate="ngram", parallel=n_seq, prefill_chunk=chunk,
                                 cost_curve=CURVE)
-    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(len(arrivals))]
+    prompts = [(SHARED if shared else "") + PROMPTS[i % len(PROMPTS)] for i in range(len(arrivals))]
     out: dict[int, list[int]] = {}
     started: set[int] = set()
     threads: list[threading.Thread] = []
@@ -175,6 +179,8 @@ def test_requests_arriving_at_any_round_equal_their_tokens_alone(arrivals, chunk
         t.join(30)
         assert not t.is_alive()
     assert [out[i] for i in range(len(arrivals))] == [alone(p, max_tokens=20) for p in prompts]
+    if not shared:
+        assert model.copies == []
 
 
 # -- rounds ------------------------------------------------------------------------------------------
@@ -442,8 +448,6 @@ def test_batch_cost_learns_from_a_round_of_several_forwards():
     assert cost.seconds(2) == pytest.approx(linear_cost(2))
 
 
-SHARED = "You are a careful assistant. Here is the file we discuss, read it whole before answering: " * 2
-
 
 def test_a_prompt_shared_with_a_running_request_is_copied_not_computed():
     """Request B opens with the same 180 bytes as request A, which is still running on slot 0 (its
@@ -540,6 +544,36 @@ def test_a_request_waiting_for_a_prefix_that_is_never_read_goes_on_alone():
     assert engine.scheduler.prefix_waits == 1 and model.copies == []
     assert out[prompt_b].tokens == alone(prompt_b, "off", max_tokens=10)
     assert out[prompt_b].cached_tokens == 0
+
+
+def test_a_wait_for_a_prefix_in_flight_says_whether_it_waited_and_feeds_nothing_meanwhile():
+    """``copy_in_flight``: None when no earlier running request shares the opening (nothing waited
+    for); 0 when the one it waited for ended holding too little. While sequence 1 waits, it is not
+    priced as a decoding sequence: sequence 0, the only one decoding, drafts uncapped."""
+    model = BatchByteModel(n_seq=3)
+    sched = Scheduler(model, cost=linear_cost)
+    prompt = list(SHARED.encode())
+    sched.open(0, prompt)
+    assert sched.copy_in_flight(0, prompt, 32) is None  # no earlier request
+    sched.open(1, prompt)
+    sched.open(2, [7, 8, 9])
+    assert sched.draft_cap(0) == 0  # three sequences decoding, none with a measured rate
+    got: list[int | None] = []
+    waiter = threading.Thread(target=lambda: got.append(sched.copy_in_flight(1, prompt, 32)))
+    waiter.start()
+    done = threading.Event()
+    for _ in range(60_000):  # up to 60 s for the waiter to start waiting
+        if sched.prefix_waits == 1 or done.wait(0.001):
+            break
+    assert sched.prefix_waits == 1
+    sched.close(2)
+    assert sched.draft_cap(0) is None  # 1 waits for 0's prompt: 0 decodes alone
+    SlotDecoder(sched, 0).prefill(prompt[:16])  # 16 positions of the 180 shared
+    sched.close(0)
+    waiter.join(60)
+    assert got == [0] and model.copies == [] and sched.prefix_copies == 0
+    assert sched.copy_in_flight(1, prompt, 32) is None  # 0's request is over: nothing to wait for
+    sched.stop()
 
 
 def test_a_short_shared_prefix_or_reuse_prefix_off_copies_nothing():

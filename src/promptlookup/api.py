@@ -399,7 +399,8 @@ class Engine:
         got = sched.copy_in_flight(slot.seq, ids, max(keep, n) + MIN_PREFIX_COPY)
         if got:
             return got
-        donor, n = self._pool.best_donor(ids, slot)  # what the wait, if any, left in a cache
+        if got == 0:  # it waited and copied nothing: the request it waited for may have left a cache
+            donor, n = self._pool.best_donor(ids, slot)
         if donor is None or n <= keep + MIN_PREFIX_COPY:
             return keep
         return sched.copy_prefix(donor.seq, slot.seq, ids, keep + MIN_PREFIX_COPY) or keep

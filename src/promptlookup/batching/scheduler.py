@@ -279,20 +279,26 @@ class Scheduler:
         with self._cv:
             while self._leading:
                 self._cv.wait()
-            n = common_prefix(self.backend.seq_tokens(src), ids)
-            if n <= more_than:
-                return 0
-            self.backend.seq_copy(src, dst, n)
-            self.prefix_copies += 1
-            self.prefix_copied_tokens += n
-            return n
+            return self._copy_held(src, dst, ids, more_than)
 
-    def copy_in_flight(self, dst: int, ids: Sequence[int], more_than: int) -> int:
+    def _copy_held(self, src: int, dst: int, ids: Sequence[int], more_than: int) -> int:
+        """The copy of :meth:`copy_prefix` and :meth:`copy_in_flight`, with the lock held and no round
+        running: what ``src`` holds of ``ids`` goes to ``dst`` if it is more than ``more_than``."""
+        n = common_prefix(self.backend.seq_tokens(src), ids)
+        if n <= more_than:
+            return 0
+        self.backend.seq_copy(src, dst, n)
+        self.prefix_copies += 1
+        self.prefix_copied_tokens += n
+        return n
+
+    def copy_in_flight(self, dst: int, ids: Sequence[int], more_than: int) -> int | None:
         """If a request opened before ``dst``'s and still running has a prompt that shares more than
         ``more_than`` positions with ``ids``, wait (out of the rounds) until its sequence holds that
         prefix, or its request ends, then copy what it holds of it into ``dst`` (dropping ``dst``'s
         cache) if that is still more than ``more_than``. Returns the positions of ``ids`` that
-        ``dst`` now holds, 0 when nothing was copied (``dst`` untouched).
+        ``dst`` now holds; 0 when it waited and copied nothing, None when there was nothing to wait
+        for (``dst`` untouched either way: after a wait, another cache may hold more than before).
 
         Waiting costs ``dst``'s request nothing it would not pay anyway: the earlier request reads
         the shared part one chunk a round, as ``dst`` would, and those rounds are shorter for not
@@ -308,7 +314,7 @@ class Scheduler:
                     if n > want:
                         src, want = seq, n
             if src < 0:
-                return 0
+                return None
             order = self._prompts[src][0]
             self.prefix_waits += 1
             self._waiting.add(dst)
@@ -327,23 +333,18 @@ class Scheduler:
                 self._waiting.discard(dst)
                 if dst in self._running:
                     self._busy.add(dst)
-            n = common_prefix(self.backend.seq_tokens(src), ids)
-            if n <= more_than:
-                return 0
-            self.backend.seq_copy(src, dst, n)
-            self.prefix_copies += 1
-            self.prefix_copied_tokens += n
-            return n
+            return self._copy_held(src, dst, ids, more_than)
 
     def draft_cap(self, seq: int) -> int | None:
         """How many tokens ``seq`` may draft for the next round (None: no cap, one request running)."""
         if self.pricing is None:
             return None
         with self._cv:
-            if len(self._running) <= 1:
+            decoding = self._running - self._waiting  # a sequence waiting for a prefix feeds nothing
+            if len(decoding) <= 1:
                 return None
             if self._caps_round != self.stats.rounds or seq not in self._caps:
-                self._caps = self.pricing.caps(sorted(self._running))
+                self._caps = self.pricing.caps(sorted(decoding))
                 self._caps_round = self.stats.rounds
             return self._caps.get(seq, 0)
 
