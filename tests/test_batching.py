@@ -358,36 +358,47 @@ def test_expected_confirmed_tokens_of_a_draft():
     assert expected_confirmed(1.0, 4) == 5.0
 
 
-def test_one_sequence_is_never_capped_and_a_full_batch_stops_drafting_unlikely_tokens():
+def test_a_sequence_that_drafts_well_drafts_beside_one_that_does_not_and_a_full_batch_stops():
     pricing = DraftPricing(BatchCost(linear_cost))
-    assert pricing.caps([0]) == {0: 8}
     for _ in range(50):  # sequence 1 drafts well, sequence 0 badly
         pricing.observe(1, 4, 4)
         pricing.observe(0, 4, 0)
-    caps = pricing.caps(list(range(2)))
-    assert caps[1] > 0 and caps[0] == 0
-    # 16 sequences that all draft at their pooled rate: each drafted token costs a full per-token
-    # share of the forward, so the batch drafts less than a pair did
+    beside = {9: (1, 1.0)}  # another sequence feeding its pending token
+    assert pricing.best_draft(1, beside, 8) > 0 and pricing.best_draft(0, beside, 8) == 0
+    # beside 15 sequences feeding one token each, a drafted token at a middling rate costs a full
+    # per-token share of the forward: no draft pays
     many = DraftPricing(BatchCost(linear_cost))
     for s in range(16):
         many.observe(s, 3, 1)
-    assert sum(many.caps(list(range(16))).values()) == 0
+    assert many.best_draft(0, {s: (1, 1.0) for s in range(1, 16)}, 8) == 0
 
 
-def test_pricing_drafts_everywhere_on_a_flat_cost_and_nowhere_when_tokens_cost_their_full_share():
+def test_pricing_drafts_all_it_may_on_a_flat_cost_and_nothing_when_tokens_cost_their_full_share():
     flat = DraftPricing(BatchCost(lambda n: 0.01))
-    assert flat.caps([0, 1, 2]) == {0: 8, 1: 8, 2: 8}
+    assert flat.best_draft(0, {1: (1, 1.0)}, 8) == 8
+    assert flat.best_draft(0, {1: (1, 1.0)}, 3) == 3  # never past what the loop may draft
     proportional = DraftPricing(BatchCost(lambda n: 0.01 * n))
-    assert proportional.caps([0, 1]) == {0: 0, 1: 0}
+    assert proportional.best_draft(0, {1: (1, 1.0)}, 8) == 0
 
 
-def test_pricing_exact_caps_for_a_known_cost_and_rates():
-    """By hand, cost 10 ms + 3.5 ms per token past the first, acceptance 0.9 and 0.3: from 2 tokens
-    (148.1 tok/s) the 0.9 sequence's 1st..4th tokens raise the rate to 170.6, 181.0, 185.0 and 185.3
-    tok/s; its 5th gives 183.4 and nothing after recovers (the 0.3 sequence's first token comes 9th)."""
+def test_pricing_exact_draft_for_a_known_cost_and_rates():
+    """By hand, cost 10 ms + 3.5 ms per token past the first, beside a sequence feeding one token:
+    from 2 tokens (148.1 tok/s) the 0.9 sequence's 1st..4th drafted tokens raise the round's rate to
+    170.6, 181.0, 185.0 and 185.3 tok/s, its 5th gives 183.4 and nothing after recovers; the 0.3
+    sequence's first gives 146.0."""
     pricing = DraftPricing(BatchCost(linear_cost))
     pricing.rate = {0: 0.9, 1: 0.3}.__getitem__
-    assert pricing.caps([0, 1]) == {0: 4, 1: 0}
+    assert pricing.best_draft(0, {9: (1, 1.0)}, 8) == 4
+    assert pricing.best_draft(1, {9: (1, 1.0)}, 8) == 0
+
+
+def test_a_part_confirms_what_its_kind_and_rate_promise():
+    pricing = DraftPricing(BatchCost(linear_cost))
+    pricing.rate = {0: 0.5}.__getitem__
+    assert pricing.expected(0, 4, "all") == 1.875  # a verify of the pending token and 3 drafted
+    assert pricing.expected(0, 1, "all") == 1.0
+    assert pricing.expected(0, 128, "last") == 1.0  # a prompt's last chunk: its first token
+    assert pricing.expected(0, 128, "none") == 0.0  # any other chunk
 
 
 def test_acceptance_estimates_shrink_toward_the_pooled_rate():
@@ -418,11 +429,13 @@ def test_batch_cost_learns_a_width_from_measured_rounds():
 
 def test_pricing_counts_the_extra_forwards_a_round_of_unequal_parts_costs():
     """With llama.cpp's separate KV streams, a round whose sequences feed different counts is
-    several forwards (``forward_sizes``), each paying the fixed part: the 0.9 sequence drafts 5
-    (151.6 tok/s: forwards of 2 then 5 tokens) where one forward would let it draft 4, a sequence
-    drafting alone beside three that do not pays a whole second forward (so none of the four
-    drafts), and two sequences with a gap between their ids are never one forward (each drafts as
-    if alone)."""
+    several forwards (``forward_sizes``), each paying the fixed part (cost 10 ms + 3.5 ms a token):
+    - beside one sequence feeding one token, the 0.9 sequence drafts 5 (151.6 tok/s: forwards of 2
+      then 5 tokens) where one forward would let it draft 4;
+    - beside three sequences feeding one token each, a draft pays a whole second forward: none;
+    - beside three that each feed a 3-token draft at 0.8, drafting 3 too makes the round one
+      forward of 16 (196.7 tok/s against 168.5 without, forwards of 4 then 9);
+    - beside a 128-token prompt chunk, the draft rides in the chunk's forwards: all 8."""
     from types import SimpleNamespace
 
     from promptlookup.backends.llama_cpp import LlamaCppBackend
@@ -431,14 +444,38 @@ def test_pricing_counts_the_extra_forwards_a_round_of_unequal_parts_costs():
     pricing = DraftPricing(BatchCost(linear_cost),
                            forwards=lambda lengths: LlamaCppBackend.forward_sizes(backend, lengths))
     pricing.rate = {0: 0.9, 1: 0.3, 2: 0.8, 3: 0.8}.__getitem__
-    assert pricing.caps([0, 1]) == {0: 5, 1: 0}
-    assert pricing.caps([0, 1, 2, 3]) == {0: 0, 1: 0, 2: 0, 3: 0}
-    assert pricing.caps([0, 2]) == {0: 5, 2: 2}
+    assert pricing.best_draft(0, {1: (1, 1.0)}, 8) == 5
+    assert pricing.best_draft(0, {s: (1, 1.0) for s in (1, 2, 3)}, 8) == 0
+    drafting = expected_confirmed(0.8, 3)
+    assert pricing.best_draft(0, {s: (4, drafting) for s in (1, 2, 3)}, 8) == 3
+    assert pricing.best_draft(0, {1: (128, 0.0)}, 8) == 8
     one = DraftPricing(BatchCost(linear_cost))  # a backend that decodes any mix in one forward
     one.rate = pricing.rate
-    assert one.caps([0, 1, 2, 3]) == {0: 2, 1: 0, 2: 1, 3: 1}
+    assert one.best_draft(0, {1: (1, 1.0)}, 8) == 4
 
 
+def test_the_scheduler_prices_a_draft_against_the_parts_waiting_for_the_round():
+    """Sequence 1 waits for the round with a 7-token verify (a 6-token draft, 1.98 tokens expected at
+    the starting rate 0.5) while sequence 0 is still computing: 0 is priced against that part and may
+    draft 1 (beside a one-token guess it would draft none); once 1 has left, 0 decodes alone, uncapped."""
+    model = BatchByteModel(n_seq=2)
+    sched = Scheduler(model, cost=linear_cost)
+    sched.open(0)
+    sched.open(1)
+    assert sched.draft_cap(0) == 0  # 1 has fed nothing yet: one token is the guess
+    waiting = threading.Thread(target=SlotDecoder(sched, 1).verify, args=(list(range(104, 111)),))
+    waiting.start()
+    done = threading.Event()
+    for _ in range(60_000):  # up to 60 s for its part to wait for the round (0 is busy: none starts)
+        if sched.draft_cap(0) != 0 or done.wait(0.001):
+            break
+    assert sched.draft_cap(0) == 1
+    assert SlotDecoder(sched, 0).prefill([104]) == alone_next([104])  # the round runs, 1's part with it
+    waiting.join(60)
+    assert model.rounds == [[(1, 7, "all"), (0, 1, "last")]]  # one round: both parts
+    sched.close(1)
+    assert sched.draft_cap(0) is None
+    sched.stop()
 def test_batch_cost_learns_from_a_round_of_several_forwards():
     cost = BatchCost(linear_cost)
     assert cost.round_seconds([4, 8]) == pytest.approx(linear_cost(4) + linear_cost(8))

@@ -97,8 +97,7 @@ class Scheduler:
         self._busy: set[int] = set()  # ... whose thread is computing (a round waits for these)
         self._pending: dict[int, _Ticket] = {}
         self._leading = False
-        self._caps: dict[int, int] = {}
-        self._caps_round = -1
+        self._fed: dict[int, tuple[int, str]] = {}  # running seq: (tokens, want) of its waiting or last part
         self._prompts: dict[int, tuple[int, Sequence[int]]] = {}  # running seq: (its request's order, prompt)
         self._opened = 0
         self._waiting: set[int] = set()  # running sequences waiting for another's prefix
@@ -129,6 +128,7 @@ class Scheduler:
             self._busy.discard(seq)
             self._pending.pop(seq, None)
             self._prompts.pop(seq, None)
+            self._fed.pop(seq, None)
             self._wake()
             self._cv.notify_all()  # a request waiting for this one's prefix stops waiting
 
@@ -162,6 +162,7 @@ class Scheduler:
                 self._thread = threading.Thread(target=self._loop, name="promptlookup-forward", daemon=True)
                 self._thread.start()
             self._pending[part.seq] = ticket
+            self._fed[part.seq] = (len(part.ids), part.want)
             self._busy.discard(part.seq)
             self._wake()
             while not ticket.done:
@@ -336,17 +337,22 @@ class Scheduler:
             return self._copy_held(src, dst, ids, more_than)
 
     def draft_cap(self, seq: int) -> int | None:
-        """How many tokens ``seq`` may draft for the next round (None: no cap, one request running)."""
+        """How many tokens ``seq`` may draft for the next round (None: no cap, no other sequence
+        decoding), priced against what the others feed it: a part already waiting for the round as it
+        is, a sequence still computing as its last part (:meth:`DraftPricing.best_draft`)."""
         if self.pricing is None:
             return None
         with self._cv:
             decoding = self._running - self._waiting  # a sequence waiting for a prefix feeds nothing
             if len(decoding) <= 1:
                 return None
-            if self._caps_round != self.stats.rounds or seq not in self._caps:
-                self._caps = self.pricing.caps(sorted(decoding))
-                self._caps_round = self.stats.rounds
-            return self._caps.get(seq, 0)
+            others = {}
+            for s in decoding:
+                if s == seq:
+                    continue
+                n, want = self._fed.get(s, (1, "all"))  # what it waits to feed, or fed last
+                others[s] = (n, self.pricing.expected(s, n, want))
+            return self.pricing.best_draft(seq, others, self.pricing.max_draft)
 
 
 class SlotDecoder:
