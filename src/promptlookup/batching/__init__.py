@@ -7,7 +7,8 @@ forward is shared. Each request's loop talks to a :class:`~promptlookup.batching
 :class:`~promptlookup.batching.scheduler.Scheduler` gathers what every running sequence wants to
 decode into one ``decode_many`` (a round), splitting long prompts into chunks so that running
 sequences keep decoding while a new prompt is read. :class:`~promptlookup.batching.pricing.DraftPricing`
-gives each sequence, every round, the draft length that maximizes the batch's expected confirmed
-tokens per second, from the forward's learned cost and each sequence's measured acceptance: drafts
-shrink by themselves as the batch fills and come back when it empties.
+gives each sequence, as it comes to its step, the draft length that maximizes the round's expected
+confirmed tokens per second given what the other sequences feed it, from the forward's learned cost
+and each sequence's measured acceptance: drafts shrink by themselves as the batch fills and come
+back when it empties.
 """
