@@ -97,7 +97,7 @@ class Scheduler:
         self._busy: set[int] = set()  # ... whose thread is computing (a round waits for these)
         self._pending: dict[int, _Ticket] = {}
         self._leading = False
-        self._fed: dict[int, tuple[int, str]] = {}  # running seq: (tokens, want) of its waiting or last part
+        self._fed: dict[int, tuple[int, str]] = {}  # running seq: (tokens, want) of the last part it fed
         self._prompts: dict[int, tuple[int, Sequence[int]]] = {}  # running seq: (its request's order, prompt)
         self._opened = 0
         self._waiting: set[int] = set()  # running sequences waiting for another's prefix
@@ -338,8 +338,8 @@ class Scheduler:
 
     def draft_cap(self, seq: int) -> int | None:
         """How many tokens ``seq`` may draft for the next round (None: no cap, no other sequence
-        decoding), priced against what the others feed it: a part already waiting for the round as it
-        is, a sequence still computing as its last part (:meth:`DraftPricing.best_draft`)."""
+        decoding), priced against what the others feed it (:meth:`_next_part`,
+        :meth:`DraftPricing.best_draft`)."""
         if self.pricing is None:
             return None
         with self._cv:
@@ -348,11 +348,20 @@ class Scheduler:
                 return None
             others = {}
             for s in decoding:
-                if s == seq:
-                    continue
-                n, want = self._fed.get(s, (1, "all"))  # what it waits to feed, or fed last
-                others[s] = (n, self.pricing.expected(s, n, want))
+                if s != seq:
+                    n, want = self._next_part(s)
+                    others[s] = (n, self.pricing.expected(s, n, want))
             return self.pricing.best_draft(seq, others, self.pricing.max_draft)
+
+    def _next_part(self, seq: int) -> tuple[int, str]:
+        """(tokens, want) of what ``seq`` feeds the next round, as far as is known (lock held): the part
+        it waits with; else, while its thread computes, one like its last (after a prompt's last
+        chunk, a one-token step; before any part, one token)."""
+        ticket = self._pending.get(seq)
+        if ticket is not None:
+            return len(ticket.part.ids), ticket.part.want
+        n, want = self._fed.get(seq, (1, "all"))
+        return (1, "all") if want == "last" else (n, want)
 
 
 class SlotDecoder:
