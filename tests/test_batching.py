@@ -486,6 +486,15 @@ def test_the_scheduler_prices_a_draft_against_the_parts_waiting_for_the_round():
     sched.stop()
 
 
+def test_batch_cost_learns_from_a_round_of_several_forwards():
+    cost = BatchCost(linear_cost)
+    assert cost.round_seconds([4, 8]) == pytest.approx(linear_cost(4) + linear_cost(8))
+    cost.observe([4, 8], 1.5 * (linear_cost(4) + linear_cost(8)))  # both buckets learn the ratio
+    assert cost.seconds(4) == pytest.approx(1.5 * linear_cost(4))
+    assert cost.seconds(8) == pytest.approx(1.5 * linear_cost(8))
+    assert cost.seconds(2) == pytest.approx(linear_cost(2))
+
+
 
 def test_a_prompt_shared_with_a_running_request_is_copied_not_computed():
     """Request B opens with the same 180 bytes as request A, which is still running on slot 0 (its
