@@ -12,6 +12,7 @@ import pytest
 from fakes import BatchByteModel, ByteModel
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from serving import wait_until
 
 from promptlookup import Engine
 from promptlookup.backends.base import BackendError, SeqDecode
@@ -77,10 +78,8 @@ def batch_engine(n_seq: int = 4, speculate: str = "ngram", gather: int = 0,
     if gather:
         def on_round(n: int) -> None:
             if n == 0:
-                done = threading.Event()
-                for _ in range(60_000):  # up to 60 s for the other threads to start their requests
-                    if engine.scheduler.running >= gather or done.wait(0.001):
-                        break
+                # up to 60 s for the other threads to start their requests
+                wait_until(lambda: engine.scheduler.running >= gather, timeout=60, every=0.001)
 
         model.on_round = on_round
     return engine, model
@@ -471,10 +470,8 @@ def test_the_scheduler_prices_a_draft_against_the_parts_waiting_for_the_round():
         sched.rollback(1, 0)
         waiting = threading.Thread(target=getattr(SlotDecoder(sched, 1), feed), args=(list(range(104, 111)),))
         waiting.start()
-        done = threading.Event()
-        for _ in range(60_000):  # up to 60 s for its part to wait for the round (0 is busy: none starts)
-            if sched.draft_cap(0) == cap or done.wait(0.001):
-                break
+        # up to 60 s for its part to wait for the round (0 is busy: none starts)
+        wait_until(lambda cap=cap: sched.draft_cap(0) == cap, timeout=60, every=0.001)
         assert sched.draft_cap(0) == cap
         sched.rollback(0, 0)
         assert SlotDecoder(sched, 0).prefill([104]) == alone_next([104])  # the round runs, 1's part with it
@@ -535,10 +532,7 @@ def start_when_waited(engine: Engine, model: BatchByteModel, at_round: int, jobs
             t = threading.Thread(target=work, args=(prompt, max_tokens))
             t.start()
             threads.append(t)
-            done = threading.Event()
-            for _ in range(60_000):
-                if engine.scheduler.prefix_waits >= k or done.wait(0.001):
-                    break
+            wait_until(lambda k=k: engine.scheduler.prefix_waits >= k, timeout=60, every=0.001)
 
     model.on_round = on_round
     return threads
@@ -608,10 +602,7 @@ def test_a_wait_for_a_prefix_in_flight_says_whether_it_waited_and_feeds_nothing_
     got: list[int | None] = []
     waiter = threading.Thread(target=lambda: got.append(sched.copy_in_flight(1, prompt, 32)))
     waiter.start()
-    done = threading.Event()
-    for _ in range(60_000):  # up to 60 s for the waiter to start waiting
-        if sched.prefix_waits == 1 or done.wait(0.001):
-            break
+    wait_until(lambda: sched.prefix_waits == 1, timeout=60, every=0.001)  # for the waiter to start waiting
     assert sched.prefix_waits == 1
     sched.close(2)
     assert sched.draft_cap(0) is None  # 1 waits for 0's prompt: 0 decodes alone
