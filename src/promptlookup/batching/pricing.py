@@ -25,9 +25,9 @@ which the costs measured here price as paying at 0.8 acceptance; but a prose req
 proposes nothing, the round's parts then differ in length, and the drafts ride in a second forward
 with its own fixed cost (measured at 4 streaming clients: 85 rounds with drafts at 82 ms against 36
 ms without, for 3.1 accepted tokens each). Judged against the parts already waiting for the round
-(and, for a sequence still computing, the part it fed last), a draft is sent only where it pays in
-the round it will actually join. With one sequence there is no cap: the source's own controller
-(``auto``) decides, as without batching.
+(and, for a sequence still computing, one like the part it fed last, or a one-token step after its
+prompt's last chunk), a draft is sent only where it pays in the round it will actually join. With
+one sequence there is no cap: the source's own controller (``auto``) decides, as without batching.
 """
 
 from __future__ import annotations

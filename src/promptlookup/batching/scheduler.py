@@ -357,11 +357,10 @@ class Scheduler:
         """(tokens, want) of what ``seq`` feeds the next round, as far as is known (lock held): the part
         it waits with; else, while its thread computes, one like its last (after a prompt's last
         chunk, a one-token step; before any part, one token)."""
-        ticket = self._pending.get(seq)
-        if ticket is not None:
-            return len(ticket.part.ids), ticket.part.want
-        n, want = self._fed.get(seq, (1, "all"))
-        return (1, "all") if want == "last" else (n, want)
+        n, want = self._fed.get(seq, (1, "all"))  # what it waits with, once it waits (decode sets it)
+        if want == "last" and seq not in self._pending:
+            return 1, "all"
+        return n, want
 
 
 class SlotDecoder:
