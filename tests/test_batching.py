@@ -350,6 +350,18 @@ def test_a_draft_cap_of_zero_makes_plain_steps_without_asking_the_source():
     assert asked[0] == 2 and max(asked) == 2  # the last steps ask less: max_tokens is near
 
 
+@pytest.mark.parametrize("speculate", ["off", "ngram"])
+def test_only_a_request_that_drafts_asks_the_batch_for_a_draft_cap(speculate):
+    """``off`` has nothing to price: its steps never run the pricing; a drafting request's do."""
+    engine, model = batch_engine(2, speculate, gather=2)
+    asked = []
+    draft_cap = engine.scheduler.draft_cap
+    engine.scheduler.draft_cap = lambda seq: asked.append(seq) or draft_cap(seq)
+    jobs = [(p, {"max_tokens": 20}) for p in PROMPTS[:2]]
+    assert run_together(engine, jobs) == [alone(p, speculate, max_tokens=20) for p, _ in jobs]
+    assert asked == [] if speculate == "off" else len(asked) > 10
+
+
 # -- pricing -----------------------------------------------------------------------------------------
 def test_expected_confirmed_tokens_of_a_draft():
     assert expected_confirmed(0.5, 0) == 1.0

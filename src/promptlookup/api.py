@@ -417,7 +417,9 @@ class Engine:
         ended_by = None
         emitted = 0  # tokens handed out in chunks so far
         slot.cache_valid = False
-        limit = None if sched is None else decoder.draft_cap
+        # a request that drafts nothing (``off``) has no draft to price: the pricing's arithmetic, run
+        # every step, is then only cost
+        limit = None if sched is None or source is None else decoder.draft_cap
         loop = steps(decoder, ids, opts.max_tokens, source, spec.draft, sampler, keep, draft_limit=limit)
         try:
             new = next(loop)
