@@ -175,7 +175,7 @@ class Server:
                                   headers={"Retry-After": str(self.worker.retry_after())})
         watcher = asyncio.create_task(self._watch(request, job))
         try:
-            first = await self._next(job, watcher)
+            first = await self._next(job)
             if first is None:  # the client went away while the request waited
                 watcher.cancel()
                 return Response(status_code=499)
@@ -194,29 +194,34 @@ class Server:
             raise
 
     async def _watch(self, request: Request, job: Job) -> None:
-        """Wait for the client's disconnect; then cancel its job (dropped, or ended at its next step)."""
-        while True:
-            msg = await request.receive()
-            if msg["type"] == "http.disconnect":
-                if not job.cancel.is_set():
-                    self.metrics.cancelled.inc()
-                self.worker.withdraw(job)
-                return
+        """Wait for the client's disconnect; then cancel its job (dropped, or ended at its next step).
+        However the watch ends, it queues :data:`GONE` behind the job's events, which wakes a reader
+        waiting for the next one (:meth:`_next`)."""
+        try:
+            while True:
+                msg = await request.receive()
+                if msg["type"] == "http.disconnect":
+                    if not job.cancel.is_set():
+                        self.metrics.cancelled.inc()
+                    self.worker.withdraw(job)
+                    return
+        finally:
+            job.events.put_nowait(GONE)
 
-    async def _next(self, job: Job, watcher: asyncio.Task) -> Event | None:
-        """The job's next event, or None once its client is gone."""
-        get = asyncio.ensure_future(job.events.get())
-        await asyncio.wait({get, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if get.done():
-            return get.result()
-        get.cancel()
-        return None
+    async def _next(self, job: Job) -> Event | None:
+        """The job's next event, or None once its client is gone (the watcher queued :data:`GONE`).
 
-    async def _events(self, job: Job, watcher: asyncio.Task) -> AsyncIterator[Event]:
+        Why one queue rather than waiting on the events and the watcher together: ``asyncio.wait``
+        makes a task and callbacks for every event, and a stream has one event per step of each
+        request, all handled on the loop while the next forward computes."""
+        ev = await job.events.get()
+        return None if ev is GONE else ev
+
+    async def _events(self, job: Job) -> AsyncIterator[Event]:
         """The job's chunk and error events up to its end (stops when the client is gone)."""
         first_text = True
         while True:
-            ev = await self._next(job, watcher)
+            ev = await self._next(job)
             if ev is None or ev.kind == "end":
                 return
             if ev.kind == "chunk" and first_text and (ev.chunk.text or ev.chunk.completion is not None):
@@ -230,7 +235,7 @@ class Server:
     async def _whole(self, job: Job, watcher: asyncio.Task, render: Render) -> Response:
         text: list[str] = []
         try:
-            async for ev in self._events(job, watcher):
+            async for ev in self._events(job):
                 if ev.kind == "error":
                     self.metrics.errors.labels(str(ev.status)).inc()
                     return _event_response(ev)
@@ -245,7 +250,7 @@ class Server:
     async def _sse(self, job: Job, watcher: asyncio.Task, render: Render) -> AsyncIterator[str]:
         try:
             yield _sse_line(render.head())
-            async for ev in self._events(job, watcher):
+            async for ev in self._events(job):
                 if ev.kind == "error":
                     self.metrics.errors.labels(str(ev.status)).inc()
                     yield _sse_line({"error": {"message": ev.message, "type": ev.type, "param": ev.param,
@@ -271,6 +276,9 @@ class Server:
 def _sse_line(obj: Any) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(',', ':'))}\n\n"
 
+
+#: what a job's watcher queues as it ends: the reader stops there (the client is gone, or the answer done)
+GONE = Event("gone")
 
 _UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
 
