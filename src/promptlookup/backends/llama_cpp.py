@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -164,6 +165,19 @@ def split_equal_sizes(call: Sequence[tuple[int, int]], n_ubatch: int) -> list[in
         sizes.append(take * len(run))
         left = [item for item in left if item[1] > 0]
     return sizes
+
+
+@functools.lru_cache(maxsize=4096)
+def forward_sizes_of(lengths: tuple[tuple[int, int], ...], n_batch: int, streams: bool) -> tuple[int, ...]:
+    """:meth:`LlamaCppBackend.forward_sizes` of ``(seq, tokens)`` parts in increasing sequence order,
+    with one KV stream per sequence (``streams``) or a single sequence."""
+    sizes: list[int] = []
+    for call in pack_forwards(lengths, n_batch):
+        if streams:
+            sizes.extend(split_equal_sizes([(lengths[k][0], hi - lo) for k, lo, hi in call], n_batch))
+        else:
+            sizes.append(sum(hi - lo for _, lo, hi in call))
+    return tuple(sizes)
 
 
 class LlamaCppBackend:
@@ -484,15 +498,9 @@ class LlamaCppBackend:
     def forward_sizes(self, lengths: Mapping[int, int]) -> list[int]:
         """The token counts of the forwards llama.cpp computes for parts of these lengths: each
         ``llama_decode`` call's ubatches (:func:`split_equal_sizes` with one KV stream per sequence,
-        the whole call with one sequence)."""
-        seqs = list(lengths.items())
-        sizes: list[int] = []
-        for call in pack_forwards(seqs, self.n_batch):
-            if self.n_seq == 1:
-                sizes.append(sum(hi - lo for _, lo, hi in call))
-            else:
-                sizes.extend(split_equal_sizes([(seqs[k][0], hi - lo) for k, lo, hi in call], self.n_batch))
-        return sizes
+        the whole call with one sequence). Remembered (:func:`forward_sizes_of`): the draft pricing
+        asks up to nine times per sequence per step, for the few layouts a batch has."""
+        return list(forward_sizes_of(tuple(sorted(lengths.items())), self.n_batch, self.n_seq > 1))
 
     def decode_many(self, parts: Sequence[SeqDecode]) -> list[list[int]]:
         """Decode every part at its sequence's next positions, in as few ``llama_decode`` calls as
