@@ -58,7 +58,9 @@ def default_parallel(backend: str, model: str | os.PathLike[str] | None,
 
     Why 4: on the 2-core development machine 4 slots served 1.3x the tokens per second of one
     request at a time at 4 and 16 clients and were no slower at one client; 8 did no better at 16
-    clients and worse at 4 (docs/results.md, many users at once). Each slot holds ``n_ctx``
+    clients and worse at 4 (docs/results.md, many users at once); since the rounds lost most of their
+    Python overhead, 16 slots serve 1.3x the default at 16 clients and no more at 4 (docs/server.md),
+    so a deployment sizes ``--parallel`` to its concurrency. Each slot holds ``n_ctx``
     positions of its own, so where ``DEFAULT_PARALLEL x n_ctx`` does not fit in memory the default
     is the most slots that do. Not on transformers: it decodes one sequence at a time."""
     from promptlookup.backends.models import ModelError, check_context, resolve_model
