@@ -95,6 +95,30 @@ class SourcePatch:
 #: padding of the attended cells does not matter either); ggml keeps it as its reference path
 #: (``use_ref``). The patch takes it always, and adds ``FA_ONE_PATH = 1`` to the system info.
 FA_ONE_PATH_MARK = "FA_ONE_PATH = 1"
+#: The second patch is a faster matmul for the two quant types of the bundled model (Q4_1 layers,
+#: Q8_0 embeddings and output), on x86 with AVX2. ggml without its batch-dependent kernels computes a
+#: matmul one (row, column) pair at a time (``vec_dot``), unpacking the weight row and converting its
+#: scales again for every column, so a batch of tokens costs nearly what the same tokens cost one by
+#: one. ``ggml_mul_mat_cols`` (scripts/ggml_patches/mul_mat_cols.c, inserted into ggml's x86
+#: quants.c) takes a row against up to 16 columns at once and does, for each pair, exactly the
+#: operations of upstream's ``vec_dot`` in the same order: every result is bit-identical to
+#: upstream's, whatever the batch, and the build says so (``MUL_MAT_COLS = 1``).
+MUL_MAT_COLS_MARK = "MUL_MAT_COLS = 1"
+_PATCH_DIR = Path(__file__).resolve().parent / "ggml_patches"
+_FEATURES_END = "        features.push_back({ nullptr, nullptr });\n"
+_CHUNK_LOOP = "    float tmp[32];\n\n    for (int64_t iir1 = ir1_start; iir1 < ir1_end; iir1 += blck_1) {\n"
+_Q8_0_DECL = ("void ggml_vec_dot_q8_0_q8_0(int n, float * GGML_RESTRICT s, size_t bs, const void * "
+              "GGML_RESTRICT vx, size_t bx, const void * GGML_RESTRICT vy, size_t by, int nrc);\n")
+_MXFP4_DOT = "void ggml_vec_dot_mxfp4_q8_0(int n,"
+
+
+def _patch_text(name: str) -> str:
+    try:
+        return (_PATCH_DIR / name).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SystemExit(f"setup: error: cannot read the ggml patch {_PATCH_DIR / name}: {exc}") from exc
+
+
 SOURCE_PATCHES = (
     SourcePatch(
         "vendor/llama.cpp/ggml/src/ggml-cpu/ops.cpp",
@@ -103,9 +127,36 @@ SOURCE_PATCHES = (
     ),
     SourcePatch(
         "vendor/llama.cpp/ggml/src/ggml-cpu/ggml-cpu.cpp",
-        "        features.push_back({ nullptr, nullptr });\n",
-        '        features.push_back({ "FA_ONE_PATH", "1" });  // promptlookup: see ops.cpp\n'
-        "        features.push_back({ nullptr, nullptr });\n",
+        _FEATURES_END,
+        '        features.push_back({ "FA_ONE_PATH", "1" });  // promptlookup: see ops.cpp\n' + _FEATURES_END,
+    ),
+    SourcePatch(
+        "vendor/llama.cpp/ggml/src/ggml-cpu/arch/x86/quants.c",
+        _MXFP4_DOT,
+        _patch_text("mul_mat_cols.c") + "\n" + _MXFP4_DOT,
+    ),
+    SourcePatch(
+        "vendor/llama.cpp/ggml/src/ggml-cpu/quants.h",
+        _Q8_0_DECL,
+        _Q8_0_DECL + "// promptlookup: rows [r0, r1) of a Q4_1 or Q8_0 matrix against nc columns, "
+        "each result as vec_dot's; 0 (nothing done) where not available\n"
+        "int ggml_mul_mat_cols(enum ggml_type type, int n, const void * GGML_RESTRICT x, "
+        "size_t x_stride, int64_t r0, int64_t r1, const void * const * GGML_RESTRICT cols, "
+        "float * const * GGML_RESTRICT outs, int nc);\n",
+    ),
+    SourcePatch(
+        "vendor/llama.cpp/ggml/src/ggml-cpu/ggml-cpu.c",
+        _CHUNK_LOOP,
+        "    float tmp[32];\n\n" + _patch_text("mul_mat_cols_call.c") + "\n"
+        "    for (int64_t iir1 = ir1_start; iir1 < ir1_end; iir1 += blck_1) {\n",
+    ),
+    SourcePatch(
+        "vendor/llama.cpp/ggml/src/ggml-cpu/ggml-cpu.cpp",
+        _FEATURES_END,
+        "#if defined(__AVX2__) && (defined(__x86_64__) || defined(_M_X64))"
+        "  // promptlookup: see x86 quants.c\n"
+        '        features.push_back({ "MUL_MAT_COLS", "1" });\n'
+        "#endif\n" + _FEATURES_END,
     ),
 )
 
@@ -266,7 +317,7 @@ def build_wheel(python: str, build: Build) -> Path:
             requirement, env=env)
     else:
         with tempfile.TemporaryDirectory(prefix="llama-src-") as tmp:
-            log(f"  downloading the source package and patching {len(build.patches)} lines "
+            log(f"  downloading the source package and patching {len(build.patches)} places "
                 f"({', '.join(sorted({Path(p.path).name for p in build.patches}))})")
             pip(python, "download", "--quiet", "--no-deps", "--no-binary", ":all:", "-d", tmp, requirement)
             sdists = sorted(Path(tmp).glob("llama_cpp_python-*.tar.gz"))

@@ -222,12 +222,21 @@ UPSTREAM_OPS = ("    const bool use_split_kv_path = !use_ref && (neq1 == 1);\n"
                 "    const bool use_ref = params->use_ref;\n")
 UPSTREAM_FEATURES = ('        features.push_back({ "REPACK", "1" });\n'
                      "        features.push_back({ nullptr, nullptr });\n")
+UPSTREAM_X86_QUANTS = "}\n\nvoid ggml_vec_dot_mxfp4_q8_0(int n, float * s);\n"
+UPSTREAM_QUANTS_H = ("void ggml_vec_dot_q8_0_q8_0(int n, float * GGML_RESTRICT s, size_t bs, const void * "
+                     "GGML_RESTRICT vx, size_t bx, const void * GGML_RESTRICT vy, size_t by, int nrc);\n")
+UPSTREAM_MUL_MAT = ("    float tmp[32];\n\n"
+                    "    for (int64_t iir1 = ir1_start; iir1 < ir1_end; iir1 += blck_1) {\n"
+                    "        loop();\n")
 
 
 def _tree(root: Path, ops: str = UPSTREAM_OPS, features: str = UPSTREAM_FEATURES) -> Path:
-    for patch, text in zip(lb.SOURCE_PATCHES, (ops, features), strict=True):
+    """A source tree holding, for each patched file, the lines the patches expect (upstream's)."""
+    texts = {"ops.cpp": ops, "ggml-cpu.cpp": features, "quants.c": UPSTREAM_X86_QUANTS,
+             "quants.h": UPSTREAM_QUANTS_H, "ggml-cpu.c": UPSTREAM_MUL_MAT}
+    for patch in lb.SOURCE_PATCHES:
         (root / patch.path).parent.mkdir(parents=True, exist_ok=True)
-        (root / patch.path).write_text(text, encoding="utf-8")
+        (root / patch.path).write_text(texts[Path(patch.path).name], encoding="utf-8")
     return root
 
 
@@ -235,7 +244,8 @@ def test_only_the_invariant_build_is_patched_and_the_patch_is_in_its_key(tmp_pat
     inv = lb.plan("host", tmp_path, SAPPHIRE, "gcc 12.2", "x86_64")
     fast = lb.plan("host", tmp_path, SAPPHIRE, "gcc 12.2", "x86_64", "fast")
     assert inv.patches == lb.SOURCE_PATCHES and fast.patches == ()
-    assert [Path(p.path).name for p in inv.patches] == ["ops.cpp", "ggml-cpu.cpp"]
+    assert [Path(p.path).name for p in inv.patches] == ["ops.cpp", "ggml-cpu.cpp", "quants.c", "quants.h",
+                                                         "ggml-cpu.c", "ggml-cpu.cpp"]
     # the same flags without the patches would be another wheel
     assert inv.key != lb.wheelhouse_key(lb.LLAMA_CPP_PYTHON_VERSION, inv.args, "gcc 12.2")
     assert inv.key == lb.wheelhouse_key(lb.LLAMA_CPP_PYTHON_VERSION, inv.args, "gcc 12.2", inv.patches)
@@ -251,10 +261,34 @@ def test_the_patches_force_one_flash_attention_path_and_say_so(tmp_path):
     features = (root / lb.SOURCE_PATCHES[1].path).read_text(encoding="utf-8")
     assert features == ('        features.push_back({ "REPACK", "1" });\n'
                         '        features.push_back({ "FA_ONE_PATH", "1" });  // promptlookup: see ops.cpp\n'
+                        "#if defined(__AVX2__) && (defined(__x86_64__) || defined(_M_X64))  // promptlookup: "
+                        "see x86 quants.c\n"
+                        '        features.push_back({ "MUL_MAT_COLS", "1" });\n'
+                        "#endif\n"
                         "        features.push_back({ nullptr, nullptr });\n")
-    # what llama.cpp prints for that feature is what the backend looks for
-    from promptlookup.backends.llama_cpp import FLASH_ATTENTION_ONE_PATH
+    # what llama.cpp prints for those features is what the backend looks for
+    from promptlookup.backends.llama_cpp import FLASH_ATTENTION_ONE_PATH, MUL_MAT_COLS
     assert lb.FA_ONE_PATH_MARK == FLASH_ATTENTION_ONE_PATH == "FA_ONE_PATH = 1"
+    assert lb.MUL_MAT_COLS_MARK == MUL_MAT_COLS == "MUL_MAT_COLS = 1"
+
+
+def test_the_patches_put_the_column_matmul_into_ggml_and_call_it_before_the_pair_loop(tmp_path):
+    root = _tree(tmp_path)
+    lb.apply_patches(root, lb.SOURCE_PATCHES)
+    kernel = (lb._PATCH_DIR / "mul_mat_cols.c").read_text(encoding="utf-8")
+    quants = (root / lb.SOURCE_PATCHES[2].path).read_text(encoding="utf-8")
+    assert quants == "}\n\n" + kernel + "\nvoid ggml_vec_dot_mxfp4_q8_0(int n, float * s);\n"
+    header = (root / lb.SOURCE_PATCHES[3].path).read_text(encoding="utf-8")
+    assert header.startswith(UPSTREAM_QUANTS_H) and header.endswith("int nc);\n")
+    assert header.count("int ggml_mul_mat_cols(enum ggml_type type, int n, const void * GGML_RESTRICT x, "
+                        "size_t x_stride, int64_t r0, int64_t r1, ") == 1
+    mul_mat = (root / lb.SOURCE_PATCHES[4].path).read_text(encoding="utf-8")
+    call = (lb._PATCH_DIR / "mul_mat_cols_call.c").read_text(encoding="utf-8")
+    # the call comes first, and upstream's loop stays whole behind it for every other matrix
+    assert mul_mat == "    float tmp[32];\n\n" + call + "\n" + UPSTREAM_MUL_MAT.split("\n\n", 1)[1]
+    assert "ggml_mul_mat_cols(type, (int) ne00, src0->data, nb01, ir0_start, ir0_end, cols, outs, nc)" in call
+    # the kernel and its call are guarded alike: compiled only where AVX2 is
+    assert kernel.count("#if defined(__AVX2__)") == 2 and call.startswith("#if defined(__AVX2__)")
 
 
 @pytest.mark.parametrize("ops, found", [("    int other;\n", 0), (UPSTREAM_OPS + UPSTREAM_OPS, 2)])
