@@ -12,6 +12,8 @@ figure's median over rounds. Each child measures, on the bundled model:
 - with ``--bench``: ``promptlookup bench`` on copy_edit and prose (cells off and auto), whose paired
   ratio of auto to off is reported,
 
+- one forward of 1, 4 and 16 sequences x 1 token (continuous batching's decode step; ms, median of 7),
+
 and with ``--invariance`` the build's bitwise batch invariance
 (:func:`~promptlookup.backends.llama_cpp_smoke.invariance_check`).
 
@@ -36,6 +38,7 @@ WORKLOADS = ROOT / "benchmarks" / "workloads"
 PREFILL_TOKENS = 480
 DECODE_TOKENS = 128
 RESULT = "result: "
+BATCH_SEQS = (1, 4, 16)
 
 
 def child(bench: bool, threads: int | None, first: bool, cpu_time: bool) -> dict:
@@ -69,9 +72,35 @@ def child(bench: bool, threads: int | None, first: bool, cpu_time: bool) -> dict
     if first:  # the build's bits do not change between rounds
         out["invariance"] = invariance_check(backend, smoke_ids(backend, INVARIANCE_TOKENS)).line()
     backend.close()
+    out["batch_ms"] = batched_forwards(threads, clock)
     if bench:
         out["bench"] = run_bench_cli(threads)
     return out
+
+
+def batched_forwards(threads: int | None, clock) -> dict[str, float]:
+    """ms of one forward of S sequences x 1 token (S in :data:`BATCH_SEQS`, 128 cached positions each,
+    every row's logits: continuous batching's decode step), median of 7, the widths interleaved."""
+    from promptlookup.backends.base import SeqDecode
+    from promptlookup.backends.llama_cpp import LlamaCppBackend
+    from promptlookup.backends.models import bundled_model_path
+
+    backend = LlamaCppBackend(bundled_model_path(), n_ctx=512, n_threads=threads, n_seq=max(BATCH_SEQS))
+    context = 128
+    for s in range(max(BATCH_SEQS)):
+        backend.decode_many([SeqDecode(s, [100 + (s * 37 + 11 * i) % 5000 for i in range(context)], "last")])
+    samples: dict[int, list[float]] = {s: [] for s in BATCH_SEQS}
+    for rep in range(8):
+        for n_seq in BATCH_SEQS:
+            parts = [SeqDecode(s, [200 + (rep + s) % 3000], "all") for s in range(n_seq)]
+            t0 = clock()
+            backend.decode_many(parts)
+            if rep:  # the first pass warms each width up
+                samples[n_seq].append(clock() - t0)
+            for s in range(n_seq):
+                backend.seq_rollback(s, context)
+    backend.close()
+    return {str(s): statistics.median(v) * 1000 for s, v in samples.items()}
 
 
 def run_bench_cli(threads: int | None) -> dict[str, float]:
@@ -116,6 +145,8 @@ def table(results: dict[str, list[dict]]) -> str:
              for n in range(1, 10)]
     rows += [(f"verify {n} / verify 1", lambda r, n=n: r["verify_ms"][n - 1] / r["verify_ms"][0], "{:.2f}",
               False) for n in (2, 5, 9)]
+    rows += [(f"{s} sequences x 1 token, ms", lambda r, s=s: r["batch_ms"][str(s)], "{:.1f}", False)
+             for s in BATCH_SEQS]
     if all(any("bench" in r for r in rs) for rs in results.values()):
         for w in ("copy_edit", "prose"):
             rows.append((f"bench {w}: auto / off (paired)", lambda r, w=w: r["bench"].get(w, float("nan")),
