@@ -62,22 +62,25 @@ def _key(build) -> str:
     return lb.wheelhouse_key(lb.LLAMA_CPP_PYTHON_VERSION, build.args, lb.compiler_id())
 
 
-def bin_dir(mode: str = "host") -> Path:
-    """Where the programs of this build mode live (the folder name carries the flags' key)."""
+def bin_dir(mode: str = "host", kernels: str = "invariant") -> Path:
+    """Where the programs of this build mode and kernels live (the folder name carries the flags' key)."""
     lb = _llama_build()
-    return source_dir() / f"build-{_key(lb.plan(mode, ROOT))}" / "bin"
+    return source_dir() / f"build-{_key(lb.plan(mode, ROOT, kernels=kernels))}" / "bin"
 
 
-def ensure_tools(targets: tuple[str, ...], mode: str = "host") -> Path:
-    """Build ``targets`` (e.g. ``llama-lookup-create``) once; return their bin folder."""
+def ensure_tools(targets: tuple[str, ...], mode: str = "host", kernels: str = "invariant") -> Path:
+    """Build ``targets`` (e.g. ``llama-lookup-create``) once; return their bin folder. ``kernels``:
+    set-up's ``invariant`` CMake flags (without tinyBLAS and the repacked layouts) or ``fast``
+    (llama.cpp's defaults, as its users build it); never set-up's source patches."""
     lb = _llama_build()
-    build = lb.plan(mode, ROOT)
-    out = bin_dir(mode)
+    build = lb.plan(mode, ROOT, kernels=kernels)
+    out = bin_dir(mode, kernels)
     if all((out / t).is_file() for t in targets):
         return out
     src = source_dir()
     build_dir = out.parent
-    _log(f"building {', '.join(targets)} ({mode} ISA, key {_key(build)}; ~10 min on 2 cores)")
+    _log(f"building {', '.join(targets)} ({mode} ISA, {kernels} kernels, key {_key(build)}; "
+         "~10 min on 2 cores)")
     subprocess.run(["cmake", "-S", str(src), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
                     "-DLLAMA_CURL=OFF", *_SERVER_ARGS, *build.args], check=True)
     subprocess.run(["nice", "cmake", "--build", str(build_dir), "-j", str(os.cpu_count() or 2), "--target",
@@ -85,6 +88,6 @@ def ensure_tools(targets: tuple[str, ...], mode: str = "host") -> Path:
     return out
 
 
-def ensure_server(mode: str = "host") -> Path:
+def ensure_server(mode: str = "host", kernels: str = "invariant") -> Path:
     """The path of ``llama-server``, built once like the lookup tools (same flags, same folder)."""
-    return ensure_tools(("llama-server",), mode) / "llama-server"
+    return ensure_tools(("llama-server",), mode, kernels) / "llama-server"

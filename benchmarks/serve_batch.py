@@ -21,7 +21,8 @@ reuses the cache of, another level's requests):
 - ``ours-fifo``    ``--parallel 1``: one request at a time, as before continuous batching
 - ``ours-nofa``    ``ours`` with flash attention off (``PROMPTLOOKUP_FLASH_ATTENTION=off``)
 - ``ours-npN`` / ``ours-npN-off``     ``--parallel N`` (any N), auto / ``--speculate off``
-- ``ls-npN``       llama-server ``-np N`` (any N; continuous batching), plain
+- ``ls-npN``       llama-server ``-np N`` (any N; continuous batching), plain; built from the same
+                   llama.cpp with its own default kernels (``--llama-kernels``)
 - ``ls-npN-spec``  the same with its n-gram drafting (``--spec-default``)
 - ``lcp``          llama-cpp-python's server (one request at a time)
 
@@ -219,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--request-timeout", type=float, default=600.0)
     p.add_argument("--llama-server", help="llama-server binary (default: built by benchmarks/llama_tools.py)")
+    p.add_argument("--llama-kernels", choices=("fast", "invariant"), default="fast",
+                   help="the llama-server that llama_tools.py builds: fast (default) = llama.cpp's own "
+                        "CMake defaults, tinyBLAS included, as its users build it; invariant = set-up's "
+                        "kernel flags without its source patches (the rows before 2026-12-03)")
     args = p.parse_args(argv)
     if args.model is None:
         from promptlookup.backends.models import bundled_model_path
@@ -230,13 +235,17 @@ def main(argv: list[str] | None = None) -> int:
         row_spec(key, args)  # an unknown row stops here, before llama-server is built or any server runs
     if args.repeat < 1:
         raise SystemExit("serve_batch: error: --repeat must be at least 1")
-    if any(r.startswith("ls-") for r in rows) and args.llama_server is None:
-        import llama_tools
+    peer = ""
+    if any(r.startswith("ls-") for r in rows):
+        if args.llama_server is None:
+            import llama_tools
 
-        args.llama_server = llama_tools.ensure_server()
+            args.llama_server = llama_tools.ensure_server(kernels=args.llama_kernels)
+            peer = f", llama-server with {args.llama_kernels} kernels"
+        peer = f"{peer} ({args.llama_server})"
     print(f"# serve_batch: {machine_line()}; -t {args.threads}, {args.requests} requests per level, "
           f"{args.max_tokens} tokens, ctx {args.ctx} per sequence, {args.repeat} pass(es) per level, "
-          f"rows interleaved, --mix {args.mix}", flush=True)
+          f"rows interleaved, --mix {args.mix}{peer}", flush=True)
     logdir = Path(tempfile.mkdtemp(prefix="serve_batch-"))
     specs = {key: row_spec(key, args) for key in rows}  # again: ls- rows need the binary built above
     got: dict[tuple[str, int], list[dict]] = {}
