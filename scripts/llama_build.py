@@ -15,7 +15,9 @@ The invariant build also patches one line of ggml's CPU flash attention (:data:`
 upstream picks a KV-split reduction for a one-token decode over 512+ cells and a tiled one for 64+
 query rows, so a row's attention would depend on the batch; patched, every batch shape takes the
 one per-row path (the reference path upstream keeps for testing), and the build says so in its system
-info (``FA_ONE_PATH = 1``), which is how the backend knows it may turn flash attention on.
+info (``FA_ONE_PATH = 1``), which is how the backend knows it may turn flash attention on. It also adds
+a matmul of ours for Q4_1 and Q8_0 weights on x86 (``scripts/ggml_patches``: a weight row against up to
+16 tokens at once, every result bit-identical to upstream's one-pair kernel; ``MUL_MAT_COLS = 1``).
 ``--kernels fast`` (or ``PROMPTLOOKUP_LLAMA_KERNELS=fast``) keeps llama.cpp's defaults.
 
 The wheel is kept in a wheelhouse keyed by everything that decides its bytes (package version, the
