@@ -311,7 +311,7 @@ def build_wheel(python: str, build: Build) -> Path:
     env = dict(os.environ, CMAKE_ARGS=" ".join(build.args),
                CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2))
     log(f"building llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} from source, {build.mode} ISA, "
-        f"{build.kernels} kernels (once per build key {build.key}; about 3 min on 2 cores)")
+        f"{build.kernels} kernels (once per build key {build.key}; 3-5 min on 2 cores)")
     log(f"  CMAKE_ARGS={shlex.join(build.args)}")
     requirement = f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"
     if not build.patches:
