@@ -24,7 +24,8 @@ reuses the cache of, another level's requests):
 - ``ls-npN``       llama-server ``-np N`` (any N; continuous batching), plain; built from the same
                    llama.cpp with its own default kernels (``--llama-kernels``)
 - ``ls-npN-spec``  the same with its n-gram drafting (``--spec-default``)
-- ``lcp``          llama-cpp-python's server (one request at a time)
+- ``lcp``          llama-cpp-python's server (one request at a time; ``--interrupt_requests false``, since by
+                   default a new request cuts the running answer short)
 
 Within a level the rows take turns, ``--repeat`` passes (rotated each pass), so a machine whose
 speed drifts over minutes drifts under every row alike; the table gives each row's median.
@@ -136,7 +137,9 @@ def row_spec(key: str, args: argparse.Namespace) -> RowSpec:
         return RowSpec(key, label, argv, env)
     if key == "lcp":
         argv = [sys.executable, "-m", "llama_cpp.server", "--model", model, "--n_ctx", str(ctx),
-                "--n_threads", t, "--n_threads_batch", t, "--host", "127.0.0.1", "--logits_all", "false"]
+                "--n_threads", t, "--n_threads_batch", t, "--host", "127.0.0.1", "--logits_all", "false",
+                # its default cuts a running answer short when another request arrives
+                "--interrupt_requests", "false"]
         return RowSpec(key, "llama_cpp.server", argv, env, {"repeat_penalty": 1.0}, retokenize=True)
     raise SystemExit(f"serve_batch: error: unknown row {key!r} (rows: {', '.join(ROWS)})")
 
