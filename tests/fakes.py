@@ -315,8 +315,8 @@ class BatchByteModel(ByteModel):
     def seq_tokens(self, seq: int) -> list[int]:
         return self.caches[seq]
 
-    def forward_sizes(self, lengths) -> list[int]:
-        return [sum(lengths.values())]  # any mix in one forward
+    def forward_sizes(self, parts) -> list[int]:
+        return [sum(n for _, n in parts)]  # any mix in one forward
 
     def seq_rollback(self, seq: int, n_keep: int) -> None:
         assert 0 <= n_keep <= len(self.caches[seq])

@@ -453,7 +453,7 @@ def test_pricing_counts_the_extra_forwards_a_round_of_unequal_parts_costs():
 
     backend = SimpleNamespace(n_batch=512, n_seq=4)
     pricing = DraftPricing(BatchCost(linear_cost),
-                           forwards=lambda lengths: LlamaCppBackend.forward_sizes(backend, lengths))
+                           forwards=lambda parts: LlamaCppBackend.forward_sizes(backend, parts))
     pricing.rate = {0: 0.9, 1: 0.3, 2: 0.8, 3: 0.8}.__getitem__
     assert pricing.best_draft(0, {1: (1, 1.0)}, 8) == 5
     assert pricing.best_draft(0, {s: (1, 1.0) for s in (1, 2, 3)}, 8) == 0
@@ -463,6 +463,33 @@ def test_pricing_counts_the_extra_forwards_a_round_of_unequal_parts_costs():
     one = DraftPricing(BatchCost(linear_cost))  # a backend that decodes any mix in one forward
     one.rate = pricing.rate
     assert one.best_draft(0, {1: (1, 1.0)}, 8) == 4
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), streams=st.booleans(), n_batch=st.sampled_from([16, 64, 512]))
+def test_fast_pricing_agrees_with_its_plain_twin(data, streams, n_batch):
+    """best_draft (one sorted layout, one part changed per length, costs remembered until the next
+    measured round) against best_draft_reference (every layout built and priced afresh): the same
+    answer for any batch, rates, learned costs and cap, on llama.cpp's separate streams and on one
+    forward."""
+    from types import SimpleNamespace
+
+    from promptlookup.backends.llama_cpp import LlamaCppBackend
+
+    seqs = data.draw(st.lists(st.integers(0, 15), min_size=1, max_size=16, unique=True))
+    seq, others = seqs[0], seqs[1:]
+    fed = {s: data.draw(st.one_of(st.just(1), st.integers(1, 140))) for s in others}
+    rates = {s: data.draw(st.floats(0.0, 1.0)) for s in seqs}
+    backend = SimpleNamespace(n_batch=n_batch, n_seq=16 if streams else 1)
+    pricing = DraftPricing(BatchCost(linear_cost),
+                           forwards=lambda parts: LlamaCppBackend.forward_sizes(backend, parts))
+    pricing.rate = rates.__getitem__
+    for forwards in data.draw(st.lists(st.lists(st.integers(1, 200), min_size=1, max_size=4), max_size=4)):
+        pricing.cost.observe(forwards, data.draw(st.floats(0.001, 2.0)) * len(forwards))
+    want = {s: data.draw(st.sampled_from(["all", "last", "none"])) for s in others}
+    beside = {s: (fed[s], pricing.expected(s, fed[s], want[s])) for s in others}
+    most = data.draw(st.integers(0, 10))
+    assert pricing.best_draft(seq, beside, most) == pricing.best_draft_reference(seq, beside, most)
 
 
 def test_the_scheduler_prices_a_draft_against_the_parts_waiting_for_the_round():

@@ -431,12 +431,11 @@ def test_forward_sizes_are_each_calls_ubatches():
     from promptlookup.backends.llama_cpp import LlamaCppBackend
 
     many = SimpleNamespace(n_batch=512, n_seq=4)
-    assert LlamaCppBackend.forward_sizes(many, {2: 1, 0: 1, 3: 1, 1: 1}) == [4]
-    assert LlamaCppBackend.forward_sizes(many, {0: 600, 1: 1}) == [512, 2, 87]  # calls of [512], [88 + 1]
-    LlamaCppBackend.forward_sizes(many, {1: 1, 0: 600}).append(9)  # a caller's list, not the remembered one
-    assert LlamaCppBackend.forward_sizes(many, {1: 1, 0: 600}) == [512, 2, 87]
+    assert LlamaCppBackend.forward_sizes(many, ((0, 1), (1, 1), (2, 1), (3, 1))) == (4,)
+    assert LlamaCppBackend.forward_sizes(many, ((0, 600), (1, 1))) == (512, 2, 87)  # calls of [512], [88 + 1]
+    assert LlamaCppBackend.forward_sizes(many, ((0, 1), (2, 1))) == (1, 1)  # a gap in the ids
     one = SimpleNamespace(n_batch=512, n_seq=1)
-    assert LlamaCppBackend.forward_sizes(one, {0: 600}) == [512, 88]
+    assert LlamaCppBackend.forward_sizes(one, ((0, 600),)) == (512, 88)
 
 
 def test_load_backend_passes_n_seq_and_only_llama_cpp_holds_several():

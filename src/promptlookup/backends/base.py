@@ -148,10 +148,14 @@ class BatchDecoder(Protocol):
     def is_eog(self, token: int) -> bool:
         """True when ``token`` ends generation (EOS, EOT, ...)."""
 
-    def forward_sizes(self, lengths: Mapping[int, int]) -> list[int]:
-        """The token counts of the forwards :meth:`decode_many` computes for parts feeding
-        ``lengths[seq]`` tokens each (what a round costs: the batch pricing sums a forward's cost
-        over them). ``[sum(lengths.values())]`` for a backend that decodes any mix in one forward."""
+    def forward_sizes(self, parts: tuple[tuple[int, int], ...]) -> Sequence[int]:
+        """The token counts of the forwards :meth:`decode_many` computes for ``(seq, tokens)`` parts,
+        given in increasing sequence order (what a round costs: the batch pricing sums a forward's
+        cost over them). ``[sum of tokens]`` for a backend that decodes any mix in one forward.
+
+        Why a sorted tuple rather than a mapping: the pricing asks for up to nine layouts per
+        sequence per step that differ in one part, and builds them from one sorted list; a backend
+        may remember the answer per layout (the tuple is its key)."""
 
 
 def one_turn(user: str, system: str | None = None) -> list[dict[str, str]]:

@@ -498,12 +498,13 @@ class LlamaCppBackend:
         """The ``llama_decode`` calls for ``parts``: :func:`pack_forwards` of their lengths."""
         return pack_forwards([(p.seq, len(p.ids)) for p in parts], self.n_batch)
 
-    def forward_sizes(self, lengths: Mapping[int, int]) -> list[int]:
-        """The token counts of the forwards llama.cpp computes for parts of these lengths: each
-        ``llama_decode`` call's ubatches (:func:`split_equal_sizes` with one KV stream per sequence,
-        the whole call with one sequence). Remembered (:func:`forward_sizes_of`): the draft pricing
-        asks up to nine times per sequence per step, for the few layouts a batch has."""
-        return list(forward_sizes_of(tuple(sorted(lengths.items())), self.n_batch, self.n_seq > 1))
+    def forward_sizes(self, parts: tuple[tuple[int, int], ...]) -> tuple[int, ...]:
+        """The token counts of the forwards llama.cpp computes for ``(seq, tokens)`` parts in
+        increasing sequence order: each ``llama_decode`` call's ubatches (:func:`split_equal_sizes`
+        with one KV stream per sequence, the whole call with one sequence). Remembered
+        (:func:`forward_sizes_of`): the draft pricing asks up to nine times per sequence per step,
+        for the few layouts a batch has."""
+        return forward_sizes_of(parts, self.n_batch, self.n_seq > 1)
 
     def decode_many(self, parts: Sequence[SeqDecode]) -> list[list[int]]:
         """Decode every part at its sequence's next positions, in as few ``llama_decode`` calls as

@@ -57,13 +57,19 @@ class BatchCost:
         self.prior = prior
         self.ratio = [1.0] * len(BUCKETS)
         self.rounds = [0] * len(BUCKETS)
+        # seconds(n) until the next observe(): every sequence prices its step against the same few
+        # widths, 9 round costs a step (``prior`` is a fixed curve, so only observe() changes them)
+        self._seconds: dict[int, float] = {}
 
     @staticmethod
     def bucket(tokens: int) -> int:
         return max(0, bisect.bisect_right(BUCKETS, tokens) - 1)
 
     def seconds(self, tokens: int) -> float:
-        return self.prior(max(1, tokens)) * self.ratio[self.bucket(tokens)]
+        s = self._seconds.get(tokens)
+        if s is None:
+            s = self._seconds[tokens] = self.prior(max(1, tokens)) * self.ratio[self.bucket(tokens)]
+        return s
 
     def round_seconds(self, forwards: Sequence[int]) -> float:
         """Seconds of a round computed as forwards of these token counts."""
@@ -77,6 +83,7 @@ class BatchCost:
             return
         lo, hi = RATIO_RANGE
         r = min(max(seconds / sum(self.prior(n) for n in forwards), lo), hi)
+        self._seconds.clear()
         for i in {self.bucket(n) for n in forwards}:
             self.ratio[i] = r if self.rounds[i] == 0 else self.ratio[i] + COST_ALPHA * (r - self.ratio[i])
             self.rounds[i] += 1
@@ -103,19 +110,19 @@ def expected_confirmed(p: float, k: int) -> float:
     return sum(p**j for j in range(k + 1))
 
 
-def one_forward(lengths: Mapping[int, int]) -> list[int]:
+def one_forward(parts: tuple[tuple[int, int], ...]) -> list[int]:
     """A round computed in one forward of all its tokens (a backend that mixes counts freely)."""
-    return [sum(lengths.values())]
+    return [sum(n for _, n in parts)]
 
 
 class DraftPricing:
     """Per round, the draft cap of every running sequence; see the module docstring.
 
-    ``forwards``: the token counts of the forwards the backend computes a round in, from the tokens
-    each sequence feeds (the backend's ``forward_sizes``)."""
+    ``forwards``: the token counts of the forwards the backend computes a round in, from the
+    ``(seq, tokens)`` parts it feeds in increasing sequence order (the backend's ``forward_sizes``)."""
 
     def __init__(self, cost: BatchCost, max_draft: int = MAX_DRAFT,
-                 forwards: Callable[[Mapping[int, int]], list[int]] = one_forward) -> None:
+                 forwards: Callable[[tuple[tuple[int, int], ...]], Sequence[int]] = one_forward) -> None:
         self.cost = cost
         self.max_draft = max_draft
         self.forwards = forwards
@@ -143,24 +150,56 @@ class DraftPricing:
         its pending token and, of its ``fed - 1`` drafted ones, as many as the sequence's rate
         promises; the last chunk of a prompt (``"last"``) one; any other chunk none."""
         if want == "all":
-            return expected_confirmed(min(self.rate(seq), 0.999), max(0, fed - 1))
+            if fed <= 1:  # a plain step (most parts of a full batch): its pending token, whatever the rate
+                return 1.0
+            return expected_confirmed(min(self.rate(seq), 0.999), fed - 1)
         return 1.0 if want == "last" else 0.0
 
     def best_draft(self, seq: int, others: Mapping[int, tuple[int, float]], most: int) -> int:
         """How many tokens (0..``most``) ``seq`` should draft in the round where each other sequence
         ``s`` feeds ``others[s][0]`` tokens and confirms ``others[s][1]`` on average: the number with
-        the most expected confirmed tokens per second of the round (ties: fewer)."""
+        the most expected confirmed tokens per second of the round (ties: fewer).
+
+        Every sequence asks this every step, so it is built for speed: the round's parts are sorted
+        once and only ``seq``'s part changes between the lengths tried. Its plain twin,
+        :meth:`best_draft_reference`, does the same arithmetic and gives the same answer
+        (tests/test_batching.py)."""
+        gained = sum(e for _, e in others.values())
+        layout = sorted([(s, n) for s, (n, _) in others.items()] + [(seq, 1)])
+        at = layout.index((seq, 1))
+        forwards, round_seconds = self.forwards, self.cost.round_seconds
+        best_k, best_rate = 0, (gained + 1.0) / round_seconds(forwards(tuple(layout)))
+        top = min(most, self.max_draft)
+        if top <= 0:
+            return 0
+        p = min(self.rate(seq), 0.999)
+        confirmed, run = 1.0, 1.0
+        for k in range(1, top + 1):
+            run *= p
+            confirmed += run
+            layout[at] = (seq, 1 + k)
+            rate = (gained + confirmed) / round_seconds(forwards(tuple(layout)))
+            if rate > best_rate * MIN_GAIN:
+                best_k, best_rate = k, rate
+        return best_k
+
+    def best_draft_reference(self, seq: int, others: Mapping[int, tuple[int, float]], most: int) -> int:
+        """:meth:`best_draft` computed plainly: every length's round laid out and priced afresh."""
         fed = {s: n for s, (n, _) in others.items()}
         gained = sum(e for _, e in others.values())
         p = min(self.rate(seq), 0.999)
         fed[seq] = 1
-        best_k, best_rate = 0, (gained + 1.0) / self.cost.round_seconds(self.forwards(fed))
+
+        def seconds() -> float:
+            return self.cost.round_seconds(self.forwards(tuple(sorted(fed.items()))))
+
+        best_k, best_rate = 0, (gained + 1.0) / seconds()
         confirmed, run = 1.0, 1.0
         for k in range(1, min(most, self.max_draft) + 1):
             run *= p
             confirmed += run
             fed[seq] = 1 + k
-            rate = (gained + confirmed) / self.cost.round_seconds(self.forwards(fed))
+            rate = (gained + confirmed) / seconds()
             if rate > best_rate * MIN_GAIN:
                 best_k, best_rate = k, rate
         return best_k

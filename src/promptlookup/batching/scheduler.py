@@ -254,7 +254,8 @@ class Scheduler:
         for t, r in zip(tickets, results, strict=True):
             t.result = r
         if self.pricing is not None:
-            self.pricing.cost.observe(self.backend.forward_sizes({p.seq: len(p.ids) for p in parts}), seconds)
+            layout = tuple(sorted((p.seq, len(p.ids)) for p in parts))
+            self.pricing.cost.observe(self.backend.forward_sizes(layout), seconds)
             for p, r in zip(parts, results, strict=True):
                 drafted = len(p.ids) - 1
                 if p.want == "all" and drafted > 0:

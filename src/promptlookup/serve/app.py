@@ -46,9 +46,11 @@ from promptlookup.tools import format_for
 
 log = logging.getLogger("promptlookup.serve")
 
-#: requests decoded together by default on llama.cpp (fewer where their KV caches do not fit in
-#: memory; one on a backend that cannot batch): see default_parallel
-DEFAULT_PARALLEL = 4
+#: requests decoded together by default on llama.cpp (fewer where their KV caches would take more
+#: than KV_MEMORY_SHARE of the memory available; one on a backend that cannot batch): see
+#: default_parallel
+DEFAULT_PARALLEL = 16
+KV_MEMORY_SHARE = 0.25  # of the memory available, what the default slots' KV caches may take
 MAX_SPECULATE_SETTINGS = 16  # distinct draft source settings one server builds (each keeps its state)
 
 
@@ -56,31 +58,35 @@ def default_parallel(backend: str, model: str | os.PathLike[str] | None,
                      n_ctx: int) -> tuple[int, str | None]:
     """``--parallel`` when it is not given, and a line saying why where it is not the default.
 
-    Why 4: on the 2-core development machine 4 slots served 1.3x the tokens per second of one
-    request at a time at 4 and 16 clients and were no slower at one client; 8 did no better at 16
-    clients and worse at 4 (docs/results.md, many users at once); since the rounds lost most of their
-    Python overhead, 16 slots serve 1.3x the default at 16 clients and no more at 4 (docs/server.md),
-    so a deployment sizes ``--parallel`` to its concurrency. Each slot holds ``n_ctx``
-    positions of its own, so where ``DEFAULT_PARALLEL x n_ctx`` does not fit in memory the default
-    is the most slots that do. Not on transformers: it decodes one sequence at a time."""
-    from promptlookup.backends.models import ModelError, check_context, resolve_model
+    Why 16: measured on the 2-core development machine with the column matmul (docs/results.md,
+    many users at once, two runs on 2026-12-03), 16 slots served 188.0 and 193.0 tok/s to 16
+    clients against 141.4 and 159.0 for 4 slots (about 2x one request at a time, against 1.5x), with
+    a time to first token at p95 of 1.4-1.5 s against 10-11 s; at 4 clients 136.8 / 141.0 against
+    141.4 / 137.0, and alone 89.3 / 113.3 against 96.7 / 105.3: no worse where fewer clients come.
+    A slot nobody uses costs only its memory, so the limit is memory: each slot holds ``n_ctx``
+    positions of its own, and the default is the most slots, up to 16, whose caches take at most
+    :data:`KV_MEMORY_SHARE` of the memory available (the model, the other processes of the machine
+    and the server's own work keep the rest). An explicit ``--parallel`` is checked against all of
+    it when the model loads. Not on transformers: it decodes one sequence at a time."""
+    from promptlookup.backends.models import ModelError, available_memory, kv_cache_estimate, resolve_model
 
     if backend != "llama.cpp":
         return 1, None
     try:
         path = resolve_model(model)
+        _, per_token = kv_cache_estimate(path)
     except ModelError:
         return DEFAULT_PARALLEL, None  # the engine names the problem when it loads the model
-    for n in range(DEFAULT_PARALLEL, 0, -1):
-        try:
-            check_context(path, n_ctx, n)
-        except ModelError:
-            continue
-        if n == DEFAULT_PARALLEL:
-            return n, None
-        return n, (f"--parallel defaults to {n}, not {DEFAULT_PARALLEL}: the KV caches of "
-                   f"{DEFAULT_PARALLEL} x {n_ctx} positions do not fit in the memory available")
-    return 1, None  # not even one fits: the engine says so when it loads
+    avail = available_memory()
+    if not per_token or avail is None:
+        return DEFAULT_PARALLEL, None
+    n = min(DEFAULT_PARALLEL, int(KV_MEMORY_SHARE * avail) // (n_ctx * per_token))
+    if n >= DEFAULT_PARALLEL:
+        return DEFAULT_PARALLEL, None
+    n = max(1, n)
+    return n, (f"--parallel defaults to {n}, not {DEFAULT_PARALLEL}: the KV caches of {DEFAULT_PARALLEL} x "
+               f"{n_ctx} positions would take {DEFAULT_PARALLEL * n_ctx * per_token / 2**30:.1f} GiB, more "
+               f"than {KV_MEMORY_SHARE:.0%} of the {avail / 2**30:.1f} GiB of memory available")
 
 
 @dataclass(frozen=True)
