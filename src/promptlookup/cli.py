@@ -342,7 +342,8 @@ def _add_serve_command(sub) -> None:
     s.add_argument("--parallel", "-np", type=_int_in(1, MAX_PARALLEL, "--parallel"), metavar="N",
                    help=f"requests decoded together by continuous batching, each with --ctx-size "
                         f"positions of its own (default {DEFAULT_PARALLEL} on llama.cpp, fewer where "
-                        "their caches do not fit in memory; 1 on transformers: one at a time)")
+                        "their caches would take more than a quarter of the memory available; 1 on "
+                        "transformers: one at a time)")
     s.add_argument("--prefill-chunk", type=_int_in(1, 1 << 16, "--prefill-chunk"),
                    default=DEFAULT_PREFILL_CHUNK, metavar="TOKENS",
                    help="prompt tokens read per batched step, so running requests keep decoding while a "

@@ -59,10 +59,12 @@ def default_parallel(backend: str, model: str | os.PathLike[str] | None,
     """``--parallel`` when it is not given, and a line saying why where it is not the default.
 
     Why 16: measured on the 2-core development machine with the column matmul (docs/results.md,
-    many users at once, two runs on 2026-12-03), 16 slots served 188.0 and 193.0 tok/s to 16
-    clients against 141.4 and 159.0 for 4 slots (about 2x one request at a time, against 1.5x), with
-    a time to first token at p95 of 1.4-1.5 s against 10-11 s; at 4 clients 136.8 / 141.0 against
-    141.4 / 137.0, and alone 89.3 / 113.3 against 96.7 / 105.3: no worse where fewer clients come.
+    many users at once, three runs on 2026-12-03), 16 slots served 188.0, 193.0 and 194.8 tok/s to
+    16 clients against 141.4, 159.0 and 131.0 for 4 slots (about 2x one request at a time, against
+    1.4-1.6x), with a time to first token at p95 of 1.4-1.7 s against 10-12 s; at 4 clients 136.8 /
+    141.0 / 148.8 against 141.4 / 137.0 / 138.5, and alone level within the passes' spread (one
+    request at a time in-process: 105.8 / 100.6 tok/s against 109.7 / 97.5): no worse where fewer
+    clients come.
     A slot nobody uses costs only its memory, so the limit is memory: each slot holds ``n_ctx``
     positions of its own, and the default is the most slots, up to 16, whose caches take at most
     :data:`KV_MEMORY_SHARE` of the memory available (the model, the other processes of the machine
