@@ -164,14 +164,14 @@ class DraftPricing:
         once and only ``seq``'s part changes between the lengths tried. Its plain twin,
         :meth:`best_draft_reference`, does the same arithmetic and gives the same answer
         (tests/test_batching.py)."""
+        top = min(most, self.max_draft)
+        if top <= 0:
+            return 0
         gained = sum(e for _, e in others.values())
         layout = sorted([(s, n) for s, (n, _) in others.items()] + [(seq, 1)])
         at = layout.index((seq, 1))
         forwards, round_seconds = self.forwards, self.cost.round_seconds
         best_k, best_rate = 0, (gained + 1.0) / round_seconds(forwards(tuple(layout)))
-        top = min(most, self.max_draft)
-        if top <= 0:
-            return 0
         p = min(self.rate(seq), 0.999)
         confirmed, run = 1.0, 1.0
         for k in range(1, top + 1):
