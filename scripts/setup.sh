@@ -6,10 +6,11 @@
 # its multimodal library: 2:45 for llama.cpp's own kernels on an Intel Xeon, 5:03 for the invariant
 # build with our matmul on a slower AMD EPYC; docs/setup.md). It is built without the ISA extensions
 # known to be broken upstream (AMX), kept in a wheelhouse outside the repo keyed by its build flags,
-# and proven by a smoke test before set-up says ready: all of that is in scripts/llama_build.py. By default its matmul
-# kernels are the batch-invariant ones (speculative output equals plain decoding bit for bit;
-# docs/exactness.md); PROMPTLOOKUP_LLAMA_KERNELS=fast keeps llama.cpp's default kernels instead. Set-up
-# then compiles the drafting kernels (promptlookup compile), so the first run pays no compile time.
+# and proven by a smoke test before set-up says ready: all of that is in scripts/llama_build.py. By
+# default its matmul kernels are the batch-invariant ones (speculative output equals plain decoding
+# bit for bit; docs/exactness.md); PROMPTLOOKUP_LLAMA_KERNELS=fast keeps llama.cpp's default kernels
+# instead. Set-up then compiles the drafting kernels (promptlookup compile), so the first run pays no
+# compile time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
