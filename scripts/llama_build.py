@@ -112,6 +112,14 @@ _CHUNK_LOOP = "    float tmp[32];\n\n    for (int64_t iir1 = ir1_start; iir1 < i
 _Q8_0_DECL = ("void ggml_vec_dot_q8_0_q8_0(int n, float * GGML_RESTRICT s, size_t bs, const void * "
               "GGML_RESTRICT vx, size_t bx, const void * GGML_RESTRICT vy, size_t by, int nrc);\n")
 _MXFP4_DOT = "void ggml_vec_dot_mxfp4_q8_0(int n,"
+_F16_DOT_DECL = ("void ggml_vec_dot_f16(int n, float * GGML_RESTRICT s, size_t bs, ggml_fp16_t * GGML_RESTRICT x, "
+                 "size_t bx, ggml_fp16_t * GGML_RESTRICT y, size_t by, int nrc);\n")
+_F16_COLS_DECL = ("// promptlookup: rows [r0, r1) of an F16 matrix against nc F16 columns, each result as "
+                  "ggml_vec_dot_f16's\n"
+                  "void ggml_vec_dot_f16_cols(int n, const ggml_fp16_t * GGML_RESTRICT x, size_t x_stride, "
+                  "int64_t r0, int64_t r1, const ggml_fp16_t * const * GGML_RESTRICT y, "
+                  "float * const * GGML_RESTRICT s, int nc);\n")
+_SILU_DEF = "void ggml_vec_silu_f32(const int n, float * y, const float * x) {\n"
 
 
 def _patch_text(name: str) -> str:
@@ -144,7 +152,17 @@ SOURCE_PATCHES = (
         "each result as vec_dot's; 0 (nothing done) where not available\n"
         "int ggml_mul_mat_cols(enum ggml_type type, int n, const void * GGML_RESTRICT x, "
         "size_t x_stride, int64_t r0, int64_t r1, const void * const * GGML_RESTRICT cols, "
-        "float * const * GGML_RESTRICT outs, int nc);\n",
+        "float * const * GGML_RESTRICT outs, int nc);\n" + _F16_COLS_DECL,
+    ),
+    SourcePatch(
+        "vendor/llama.cpp/ggml/src/ggml-cpu/vec.h",
+        _F16_DOT_DECL,
+        _F16_DOT_DECL + _F16_COLS_DECL,
+    ),
+    SourcePatch(
+        "vendor/llama.cpp/ggml/src/ggml-cpu/vec.cpp",
+        _SILU_DEF,
+        _patch_text("vec_dot_f16_cols.cpp") + "\n" + _SILU_DEF,
     ),
     SourcePatch(
         "vendor/llama.cpp/ggml/src/ggml-cpu/ggml-cpu.c",

@@ -1,10 +1,13 @@
 // promptlookup: a block of weight rows against a block of activation columns (a batch's tokens).
-// For every (row, column) pair the operations are those of ggml_vec_dot_q4_1_q8_1 /
-// ggml_vec_dot_q8_0_q8_0 above, with the same helpers in the same order, so each result equals the
-// one-column kernel's bit for bit whatever else is in the batch. What the columns share is done once:
-// a row's quants are unpacked and its scales converted once per block for all the columns, and the
-// columns are packed once per tile (their quants side by side, their scales as floats), so the inner
-// loop reads one stream at constant offsets.
+// For every (row, column) pair the operations are those of the one-column kernel above
+// (ggml_vec_dot_q4_1_q8_1, _q5_0_q8_0, _q8_0_q8_0, _q4_K_q8_K, _q6_K_q8_K; F16 in vec.cpp's
+// ggml_vec_dot_f16_cols beside ggml_vec_dot_f16), with the same helpers in
+// the same order, so each result equals the one-column kernel's bit for bit whatever else is in the
+// batch. What the columns share is done once: a row's quants are unpacked and its scales converted
+// once per block for all the columns. The float operations of each pair (its scale products, its
+// fused multiply-adds into eight lanes, the final horizontal sum) are upstream's exactly; the
+// K-quants' integer sums are exact, so only which products each of the eight int32 lanes adds up
+// must be upstream's (it is: the same maddubs/madd lanes), not the order it adds them in.
 #if defined(__AVX2__)
 #if defined(__AVX512VL__)
 #define PL_COLS_STEP 8      // columns per pass over the rows: 32 vector registers hold their sums
@@ -12,6 +15,7 @@
 #define PL_COLS_STEP 4
 #endif
 #define PL_COLS_MAX_NB 128  // blocks of a row (4096 values) a packed tile holds: 40 KB of stack
+#define PL_COLS_MAX_NBK 64  // super-blocks of a K-quant row (16384 values): 8 KB of column sums
 
 typedef struct {
     int8_t q[PL_COLS_STEP][32];  // each column's quants of this block
@@ -45,20 +49,180 @@ static inline __attribute__((always_inline)) void pl_q4_1_cols(const int nb, flo
     }
 }
 
+// Q8_0 and Q5_0 rows against Q8_0 columns: upstream's two kernels differ only in how a block's 32
+// signed quants are made (Q5_0: four low bits, the fifth from qh, minus 16)
+static inline __attribute__((always_inline)) __m256i pl_q8_0_quants(const block_q8_0 * GGML_RESTRICT x) {
+    return _mm256_loadu_si256((const __m256i *)x->qs);
+}
+
+static inline __attribute__((always_inline)) __m256i pl_q5_0_quants(const block_q5_0 * GGML_RESTRICT x) {
+    __m256i qx = bytes_from_nibbles_32(x->qs);
+    __m256i bxhi = bytes_from_bits_32(x->qh);
+    bxhi = _mm256_andnot_si256(bxhi, _mm256_set1_epi8((char)0xF0));
+    return _mm256_or_si256(qx, bxhi);
+}
+
+#define PL_Q8_0_COLS_BODY(QUANTS)                                                      \
+    __m256 acc[PL_COLS_STEP];                                                          \
+    for (int c = 0; c < nc; ++c) {                                                     \
+        acc[c] = _mm256_setzero_ps();                                                  \
+    }                                                                                  \
+    for (int ib = 0; ib < nb; ++ib) {                                                  \
+        const float d0 = GGML_CPU_FP16_TO_FP32(x[ib].d);                               \
+        const __m256i qx = QUANTS(&x[ib]);                                             \
+        for (int c = 0; c < nc; ++c) {                                                 \
+            const __m256 d = _mm256_set1_ps(d0 * t[ib].d[c]);                          \
+            const __m256i qy = _mm256_loadu_si256((const __m256i *)t[ib].q[c]);        \
+            const __m256 q = mul_sum_i8_pairs_float(qx, qy);                           \
+            acc[c] = _mm256_fmadd_ps( d, q, acc[c] );                                  \
+        }                                                                              \
+    }                                                                                  \
+    for (int c = 0; c < nc; ++c) {                                                     \
+        *s[c] = hsum_float_8(acc[c]);                                                  \
+    }
+
 static inline __attribute__((always_inline)) void pl_q8_0_cols(const int nb, float * const * GGML_RESTRICT s,
         const block_q8_0 * GGML_RESTRICT x, const pl_cols_block * GGML_RESTRICT t, const int nc) {
+    PL_Q8_0_COLS_BODY(pl_q8_0_quants)
+}
+
+static inline __attribute__((always_inline)) void pl_q5_0_cols(const int nb, float * const * GGML_RESTRICT s,
+        const block_q5_0 * GGML_RESTRICT x, const pl_cols_block * GGML_RESTRICT t, const int nc) {
+    PL_Q8_0_COLS_BODY(pl_q5_0_quants)
+}
+
+// -- K-quants: Q8_K columns are read in place (each block's quants are contiguous); what a column's
+// block contributes independently of the row (Q4_K: the pairwise sums of its bsums) is made once
+typedef struct {
+    const block_q8_K * y[PL_COLS_STEP];        // the columns
+    __m128i q8s[PL_COLS_MAX_NBK][PL_COLS_STEP];  // Q4_K: _mm_hadd_epi16 of each block's bsums
+} pl_cols_k;
+
+static inline __attribute__((always_inline)) void pl_q4_K_cols(const int nb, float * const * GGML_RESTRICT s,
+        const block_q4_K * GGML_RESTRICT x, const pl_cols_k * GGML_RESTRICT t, const int nc) {
+    static const uint32_t kmask1 = 0x3f3f3f3f;
+    static const uint32_t kmask2 = 0x0f0f0f0f;
+    static const uint32_t kmask3 = 0x03030303;
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    __m256 acc[PL_COLS_STEP];
+    __m128 acc_m[PL_COLS_STEP];
+    for (int c = 0; c < nc; ++c) {
+        acc[c] = _mm256_setzero_ps();
+        acc_m[c] = _mm_setzero_ps();
+    }
+    uint32_t utmp[4];
+    for (int i = 0; i < nb; ++i) {
+        const float xd = GGML_CPU_FP16_TO_FP32(x[i].d);
+        const float xdmin = GGML_CPU_FP16_TO_FP32(x[i].dmin);
+
+        memcpy(utmp, x[i].scales, 12);
+        utmp[3] = ((utmp[2] >> 4) & kmask2) | (((utmp[1] >> 6) & kmask3) << 4);
+        const uint32_t uaux = utmp[1] & kmask1;
+        utmp[1] = (utmp[2] & kmask2) | (((utmp[0] >> 6) & kmask3) << 4);
+        utmp[2] = uaux;
+        utmp[0] &= kmask1;
+
+        const __m256i mins_and_scales = _mm256_cvtepu8_epi16(_mm_set_epi32(utmp[3], utmp[2], utmp[1], utmp[0]));
+        const __m128i mins = _mm256_extracti128_si256(mins_and_scales, 1);
+        const __m128i sc128  = _mm256_extracti128_si256(mins_and_scales, 0);
+        const __m256i scales = MM256_SET_M128I(sc128, sc128);
+
+        __m256i sumi[PL_COLS_STEP];
+        for (int c = 0; c < nc; ++c) {
+            sumi[c] = _mm256_setzero_si256();
+        }
+        const uint8_t * GGML_RESTRICT q4 = x[i].qs;
+        for (int j = 0; j < QK_K/64; ++j) {
+            const __m256i scale_l = _mm256_shuffle_epi8(scales, get_scale_shuffle_k4(2*j+0));
+            const __m256i scale_h = _mm256_shuffle_epi8(scales, get_scale_shuffle_k4(2*j+1));
+            const __m256i q4bits = _mm256_loadu_si256((const __m256i*)(q4 + 32*j));
+            const __m256i q4l = _mm256_and_si256(q4bits, m4);
+            const __m256i q4h = _mm256_and_si256(_mm256_srli_epi16(q4bits, 4), m4);
+            for (int c = 0; c < nc; ++c) {
+                const int8_t * GGML_RESTRICT q8 = t->y[c][i].qs + 64*j;
+                __m256i p16l = _mm256_maddubs_epi16(q4l, _mm256_loadu_si256((const __m256i*)q8));
+                p16l = _mm256_madd_epi16(scale_l, p16l);
+                __m256i p16h = _mm256_maddubs_epi16(q4h, _mm256_loadu_si256((const __m256i*)(q8 + 32)));
+                p16h = _mm256_madd_epi16(scale_h, p16h);
+                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(p16l, p16h));
+            }
+        }
+        for (int c = 0; c < nc; ++c) {
+            const float yd = t->y[c][i].d;
+            const float d = yd * xd;
+            const float dmin = -yd * xdmin;
+            const __m128i prod = _mm_madd_epi16(mins, t->q8s[i][c]);
+            acc_m[c] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m[c]);
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+        }
+    }
+    for (int c = 0; c < nc; ++c) {
+        __m128 m = acc_m[c];
+        m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+        m = _mm_add_ss(m, _mm_movehdup_ps(m));
+        *s[c] = hsum_float_8(acc[c]) + _mm_cvtss_f32(m);
+    }
+}
+
+static inline __attribute__((always_inline)) void pl_q6_K_cols(const int nb, float * const * GGML_RESTRICT s,
+        const block_q6_K * GGML_RESTRICT x, const pl_cols_k * GGML_RESTRICT t, const int nc) {
+    const __m256i m3 = _mm256_set1_epi8(3);
+    const __m256i m15 = _mm256_set1_epi8(15);
     __m256 acc[PL_COLS_STEP];
     for (int c = 0; c < nc; ++c) {
         acc[c] = _mm256_setzero_ps();
     }
-    for (int ib = 0; ib < nb; ++ib) {
-        const float d0 = GGML_CPU_FP16_TO_FP32(x[ib].d);
-        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[ib].qs);
+    for (int i = 0; i < nb; ++i) {
+        const float xd = GGML_CPU_FP16_TO_FP32(x[i].d);
+        const uint8_t * GGML_RESTRICT q4 = x[i].ql;
+        const uint8_t * GGML_RESTRICT qh = x[i].qh;
+        const __m128i scales = _mm_loadu_si128((const __m128i*)x[i].scales);
+        const __m256i scales_16 = _mm256_cvtepi8_epi16(scales);
+
+        __m256i sumi[PL_COLS_STEP];
         for (int c = 0; c < nc; ++c) {
-            const __m256 d = _mm256_set1_ps(d0 * t[ib].d[c]);
-            const __m256i qy = _mm256_loadu_si256((const __m256i *)t[ib].q[c]);
-            const __m256 q = mul_sum_i8_pairs_float(qx, qy);
-            acc[c] = _mm256_fmadd_ps( d, q, acc[c] );
+            sumi[c] = _mm256_setzero_si256();
+        }
+        for (int j = 0; j < QK_K/128; ++j) {
+            const __m256i q4bits1 = _mm256_loadu_si256((const __m256i*)(q4 + 64*j));
+            const __m256i q4bits2 = _mm256_loadu_si256((const __m256i*)(q4 + 64*j + 32));
+            const __m256i q4bitsH = _mm256_loadu_si256((const __m256i*)(qh + 32*j));
+
+            const __m256i q4h_0 = _mm256_slli_epi16(_mm256_and_si256(q4bitsH, m3), 4);
+            const __m256i q4h_1 = _mm256_slli_epi16(_mm256_and_si256(q4bitsH, _mm256_set1_epi8(12)), 2);
+            const __m256i q4h_2 = _mm256_and_si256(q4bitsH, _mm256_set1_epi8(48));
+            const __m256i q4h_3 = _mm256_srli_epi16(_mm256_and_si256(q4bitsH, _mm256_set1_epi8(-64)), 2);
+
+            const __m256i q4_0 = _mm256_or_si256(_mm256_and_si256(q4bits1, m15), q4h_0);
+            const __m256i q4_1 = _mm256_or_si256(_mm256_and_si256(q4bits2, m15), q4h_1);
+            const __m256i q4_2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits1, 4), m15), q4h_2);
+            const __m256i q4_3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits2, 4), m15), q4h_3);
+
+            const __m256i scale_0 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, get_scale_shuffle(4*j + 0)));
+            const __m256i scale_1 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, get_scale_shuffle(4*j + 1)));
+            const __m256i scale_2 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, get_scale_shuffle(4*j + 2)));
+            const __m256i scale_3 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, get_scale_shuffle(4*j + 3)));
+
+            for (int c = 0; c < nc; ++c) {
+                const int8_t * GGML_RESTRICT q8 = t->y[c][i].qs + 128*j;
+                const __m256i p16_0 = _mm256_madd_epi16(scale_0,
+                    _mm256_maddubs_epi16(q4_0, _mm256_loadu_si256((const __m256i*)(q8 +  0))));
+                const __m256i p16_1 = _mm256_madd_epi16(scale_1,
+                    _mm256_maddubs_epi16(q4_1, _mm256_loadu_si256((const __m256i*)(q8 + 32))));
+                const __m256i p16_2 = _mm256_madd_epi16(scale_2,
+                    _mm256_maddubs_epi16(q4_2, _mm256_loadu_si256((const __m256i*)(q8 + 64))));
+                const __m256i p16_3 = _mm256_madd_epi16(scale_3,
+                    _mm256_maddubs_epi16(q4_3, _mm256_loadu_si256((const __m256i*)(q8 + 96))));
+                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(p16_0, p16_1));
+                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(p16_2, p16_3));
+            }
+        }
+        for (int c = 0; c < nc; ++c) {
+            const float d = t->y[c][i].d * xd;
+            const __m256i q8sums = _mm256_loadu_si256((const __m256i*)t->y[c][i].bsums);
+            const __m256i q8sclsub = _mm256_slli_epi32(_mm256_madd_epi16(q8sums, scales_16), 5);
+            const __m256i sum = _mm256_sub_epi32(sumi[c], q8sclsub);
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sum), acc[c]);
         }
     }
     for (int c = 0; c < nc; ++c) {
@@ -76,19 +240,31 @@ static inline __attribute__((always_inline)) void pl_q8_0_cols(const int nb, flo
 #define PL_COLS_WIDE(KERNEL, ...)
 #endif
 
-// rows [r0, r1) against the m columns packed in tile: the switch gives the kernel a constant column
-// count, so that its sums stay in registers
-#define PL_COLS_ROWS(KERNEL, BLOCK)                                                    \
+// rows [r0, r1) against the m columns in TILE: the switch gives the kernel a constant column count,
+// so that its sums stay in registers
+#define PL_COLS_ROWS(KERNEL, BLOCK, TILE)                                              \
     for (int64_t r = r0; r < r1; ++r) {                                                \
         float * at[PL_COLS_STEP];                                                      \
         for (int c = 0; c < m; ++c) at[c] = outs[c0 + c] + r;                          \
         const BLOCK * row = (const BLOCK *) ((const char *) x + r * x_stride);         \
         switch (m) {                                                                   \
-            PL_COLS_WIDE(KERNEL, nb, at, row, tile)                                    \
-            case 4: KERNEL(nb, at, row, tile, 4); break;                               \
-            case 3: KERNEL(nb, at, row, tile, 3); break;                               \
-            case 2: KERNEL(nb, at, row, tile, 2); break;                               \
-            default: KERNEL(nb, at, row, tile, 1); break;                              \
+            PL_COLS_WIDE(KERNEL, nb, at, row, TILE)                                    \
+            case 4: KERNEL(nb, at, row, TILE, 4); break;                               \
+            case 3: KERNEL(nb, at, row, TILE, 3); break;                               \
+            case 2: KERNEL(nb, at, row, TILE, 2); break;                               \
+            default: KERNEL(nb, at, row, TILE, 1); break;                              \
+        }                                                                              \
+    }
+
+// the columns split into passes of at most PL_COLS_STEP, as even as they go (9 = 5 + 4, not 8 + 1:
+// a pass of one column shares nothing)
+#define PL_COLS_PASSES(...)                                                            \
+    {                                                                                  \
+        const int passes = (nc + PL_COLS_STEP - 1) / PL_COLS_STEP;                     \
+        for (int p = 0, c0 = 0; p < passes; ++p) {                                     \
+            const int m = (nc - c0) / (passes - p);                                    \
+            __VA_ARGS__                                                                \
+            c0 += m;                                                                   \
         }                                                                              \
     }
 #endif
@@ -96,13 +272,45 @@ static inline __attribute__((always_inline)) void pl_q8_0_cols(const int nb, flo
 int ggml_mul_mat_cols(enum ggml_type type, int n, const void * GGML_RESTRICT x, size_t x_stride, int64_t r0,
         int64_t r1, const void * const * GGML_RESTRICT cols, float * const * GGML_RESTRICT outs, int nc) {
 #if defined(__AVX2__)
+    if (nc < 1) {
+        return 0;
+    }
+    if (type == GGML_TYPE_F16) {
+        ggml_vec_dot_f16_cols(n, (const ggml_fp16_t *) x, x_stride, r0, r1, (const ggml_fp16_t * const *) cols, outs, nc);
+        return 1;
+    }
+    if (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K) {
+        const int nb = n / QK_K;
+        if (n % QK_K != 0 || nb > PL_COLS_MAX_NBK) {
+            return 0;
+        }
+        pl_cols_k tk;
+        PL_COLS_PASSES(
+            for (int c = 0; c < m; ++c) {
+                tk.y[c] = (const block_q8_K *) cols[c0 + c];
+            }
+            if (type == GGML_TYPE_Q4_K) {
+                for (int c = 0; c < m; ++c) {
+                    for (int i = 0; i < nb; ++i) {
+                        const __m256i q8sums = _mm256_loadu_si256((const __m256i*)tk.y[c][i].bsums);
+                        tk.q8s[i][c] = _mm_hadd_epi16(_mm256_extracti128_si256(q8sums, 0),
+                                                      _mm256_extracti128_si256(q8sums, 1));
+                    }
+                }
+                PL_COLS_ROWS(pl_q4_K_cols, block_q4_K, &tk)
+            } else {
+                PL_COLS_ROWS(pl_q6_K_cols, block_q6_K, &tk)
+            }
+        )
+        return 1;
+    }
     const int nb = n / 32;
-    if (nc < 1 || n % 32 != 0 || nb > PL_COLS_MAX_NB || (type != GGML_TYPE_Q4_1 && type != GGML_TYPE_Q8_0)) {
+    if (n % 32 != 0 || nb > PL_COLS_MAX_NB ||
+            (type != GGML_TYPE_Q4_1 && type != GGML_TYPE_Q8_0 && type != GGML_TYPE_Q5_0)) {
         return 0;
     }
     pl_cols_block tile[PL_COLS_MAX_NB];
-    for (int c0 = 0; c0 < nc; c0 += PL_COLS_STEP) {
-        const int m = nc - c0 < PL_COLS_STEP ? nc - c0 : PL_COLS_STEP;
+    PL_COLS_PASSES(
         if (type == GGML_TYPE_Q4_1) {
             for (int c = 0; c < m; ++c) {
                 const block_q8_1 * y = (const block_q8_1 *) cols[c0 + c];
@@ -112,7 +320,7 @@ int ggml_mul_mat_cols(enum ggml_type type, int n, const void * GGML_RESTRICT x, 
                     tile[ib].s[c] = GGML_CPU_FP16_TO_FP32(y[ib].s);
                 }
             }
-            PL_COLS_ROWS(pl_q4_1_cols, block_q4_1)
+            PL_COLS_ROWS(pl_q4_1_cols, block_q4_1, tile)
         } else {
             for (int c = 0; c < m; ++c) {
                 const block_q8_0 * y = (const block_q8_0 *) cols[c0 + c];
@@ -121,9 +329,13 @@ int ggml_mul_mat_cols(enum ggml_type type, int n, const void * GGML_RESTRICT x, 
                     tile[ib].d[c] = GGML_CPU_FP16_TO_FP32(y[ib].d);
                 }
             }
-            PL_COLS_ROWS(pl_q8_0_cols, block_q8_0)
+            if (type == GGML_TYPE_Q8_0) {
+                PL_COLS_ROWS(pl_q8_0_cols, block_q8_0, tile)
+            } else {
+                PL_COLS_ROWS(pl_q5_0_cols, block_q5_0, tile)
+            }
         }
-    }
+    )
     return 1;
 #else
     UNUSED(type); UNUSED(n); UNUSED(x); UNUSED(x_stride); UNUSED(r0); UNUSED(r1); UNUSED(cols); UNUSED(outs);
