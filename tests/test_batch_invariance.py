@@ -44,30 +44,54 @@ def reference(real_backend):
     return ids, reference_rows(real_backend, ids)
 
 
+#: the models whose every weight type the invariant build must keep invariant: the bundled SmolLM2
+#: (Q4_1, Q8_0), and Qwen2.5-Coder's K-quant mixes (0.5B: Q5_0, Q8_0, Q4_K, Q6_K; 1.5B: Q4_K, Q6_K,
+#: in the marked set)
+MODELS = ["smollm2-135m", "qwen2.5-coder-0.5b", pytest.param("qwen2.5-coder-1.5b", marks=pytest.mark.qwen15)]
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def model(request, real_backend, reference):
+    """(path, backend on two threads, the smoke tokens, their one-token rows) of each model."""
+    if request.param == "smollm2-135m":
+        yield real_backend.model_path, real_backend, *reference
+        return
+    from conftest import installed_model_path
+
+    from promptlookup.backends.llama_cpp import LlamaCppBackend
+    from promptlookup.backends.llama_cpp_smoke import INVARIANCE_TOKENS, reference_rows, smoke_ids
+
+    path = installed_model_path(request.param)
+    backend = LlamaCppBackend(path, n_ctx=2048)
+    try:
+        ids = smoke_ids(backend, INVARIANCE_TOKENS)
+        yield path, backend, ids, reference_rows(backend, ids)
+    finally:
+        backend.close()
+
+
 @requires_invariant
-def test_every_row_is_bit_identical_at_every_width_in_a_prefill_and_after_a_kept_prefix(real_backend,
-                                                                                         reference):
+def test_every_row_is_bit_identical_at_every_width_in_a_prefill_and_after_a_kept_prefix(model):
     from promptlookup.backends.llama_cpp_smoke import invariance_check
 
-    ids, ref = reference
-    inv = invariance_check(real_backend, ids, widths=range(1, 65), reference=ref)
+    _, backend, ids, ref = model
+    inv = invariance_check(backend, ids, widths=range(1, 65), reference=ref)
     assert len(ids) == 328
     # 328 prefill rows; per width w: its w rows plus the (33 - w // 2) rows leading up to it; 3 kept
     assert inv.rows == 328 + sum(w + 33 - w // 2 for w in range(1, 65)) + 3 == 3499
     assert (inv.identical, inv.max_abs_diff, inv.argmax_flips, inv.first) == (3499, 0.0, 0, "")
     assert inv.line() == "batch-invariant: all 3499 rows bit-identical to one-token decodes"
-    assert real_backend.n_past == 0
+    assert backend.n_past == 0
 
 
 @requires_invariant
-def test_the_threads_do_not_change_a_row(reference):
+def test_the_threads_do_not_change_a_row(model):
     """One thread and two split every matmul differently across threads: same bits."""
     from promptlookup.backends.llama_cpp import LlamaCppBackend
     from promptlookup.backends.llama_cpp_smoke import invariance_check
-    from promptlookup.backends.models import bundled_model_path
 
-    ids, ref = reference
-    one = LlamaCppBackend(bundled_model_path(), n_ctx=2048, n_threads=1)
+    path, _, ids, ref = model
+    one = LlamaCppBackend(path, n_ctx=2048, n_threads=1)
     try:
         inv = invariance_check(one, ids, widths=(1, 9), reference=ref)
     finally:
@@ -113,25 +137,27 @@ def _workload(name: str) -> str:
 
 @requires_invariant
 @pytest.mark.parametrize("workload", ["copy_edit", "prose"])
-def test_speculative_output_equals_plain_decoding_for_every_source(real_backend, workload):
+def test_speculative_output_equals_plain_decoding_for_every_source(model, workload):
     from promptlookup.chat import chat_tokens
     from promptlookup.measure.bench import make_source, parse_cell
     from promptlookup.sampling import Sampler, SamplingParams
     from promptlookup.speculate import generate
 
-    prompt = chat_tokens(real_backend, _workload(workload))
-    plain = generate(real_backend, prompt, 256, source=None).tokens
-    assert len(plain) == 256
+    _, backend, _, _ = model
+    n = 256 if backend.model_path.name.startswith("SmolLM2") else 128  # the larger models cost more a token
+    prompt = chat_tokens(backend, _workload(workload))
+    plain = generate(backend, prompt, n, source=None).tokens
+    assert len(plain) == n or backend.model_path.name.startswith("qwen") and len(plain) > 32
     for spec in ("auto", "ngram:draft=8", "lookup", "suffix"):
-        source, draft = make_source(parse_cell(spec), real_backend)
-        got = generate(real_backend, prompt, 256, source=source, draft=draft)
+        source, draft = make_source(parse_cell(spec), backend)
+        got = generate(backend, prompt, n, source=source, draft=draft)
         assert got.tokens == plain, f"{spec} left plain decoding at token {_first_diff(got.tokens, plain)}"
         assert got.counters.accepted_tokens > 0, spec  # it did speculate: batches wider than 1 ran
 
     def sampled(spec: str | None) -> list[int]:
-        source, draft = make_source(parse_cell(spec), real_backend) if spec else (None, 1)
+        source, draft = make_source(parse_cell(spec), backend) if spec else (None, 1)
         sampler = Sampler(SamplingParams(temp=0.7), seed=1234)
-        return generate(real_backend, prompt, 256, source=source, draft=draft, sampler=sampler).tokens
+        return generate(backend, prompt, n, source=source, draft=draft, sampler=sampler).tokens
 
     base = sampled(None)
     for spec in ("auto", "ngram:draft=8"):
