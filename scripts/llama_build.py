@@ -112,8 +112,9 @@ _CHUNK_LOOP = "    float tmp[32];\n\n    for (int64_t iir1 = ir1_start; iir1 < i
 _Q8_0_DECL = ("void ggml_vec_dot_q8_0_q8_0(int n, float * GGML_RESTRICT s, size_t bs, const void * "
               "GGML_RESTRICT vx, size_t bx, const void * GGML_RESTRICT vy, size_t by, int nrc);\n")
 _MXFP4_DOT = "void ggml_vec_dot_mxfp4_q8_0(int n,"
-_F16_DOT_DECL = ("void ggml_vec_dot_f16(int n, float * GGML_RESTRICT s, size_t bs, ggml_fp16_t * GGML_RESTRICT x, "
-                 "size_t bx, ggml_fp16_t * GGML_RESTRICT y, size_t by, int nrc);\n")
+_F16_DOT_DECL = ("void ggml_vec_dot_f16(int n, float * GGML_RESTRICT s, size_t bs, "
+                 "ggml_fp16_t * GGML_RESTRICT x, size_t bx, ggml_fp16_t * GGML_RESTRICT y, size_t by, "
+                 "int nrc);\n")
 _F16_COLS_DECL = ("// promptlookup: rows [r0, r1) of an F16 matrix against nc F16 columns, each result as "
                   "ggml_vec_dot_f16's\n"
                   "void ggml_vec_dot_f16_cols(int n, const ggml_fp16_t * GGML_RESTRICT x, size_t x_stride, "
