@@ -110,7 +110,8 @@ Options = RequestOptions
 def load_backend(model: str | Path | None = None, backend: str = "llama.cpp", n_ctx: int = 4096,
                  threads: int | None = None, n_seq: int = 1) -> Model:
     """A loaded backend: ``llama.cpp`` (a GGUF; the build is checked once per install) or
-    ``transformers`` (a GGUF dequantized to fp32, or a local model directory).
+    ``transformers`` (a GGUF dequantized to fp32, or a local model directory). ``model``: a path, or
+    a model name (``"qwen2.5-coder-0.5b"``; ``promptlookup models`` lists them); None: the bundled one.
 
     ``n_seq``: sequences the KV cache holds, ``n_ctx`` positions each (continuous batching; only
     llama.cpp holds more than one)."""
