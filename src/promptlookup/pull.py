@@ -73,14 +73,12 @@ def pip_download(part: Part, dest: Path) -> Path:
 
 
 def stderr_progress(name: str, stream: TextIO | None = None) -> Progress:
-    """A progress line per part on stderr; on a terminal one line rewritten in place."""
+    """One line per part on stderr: a few dozen lines at most, and an error after one reads clearly."""
 
     def show(done: int, total: int, parts_done: int, n_parts: int) -> None:
         out = stream or sys.stderr
-        tty = out.isatty()
         pct = 100 * done // total if total else 100
-        line = f"pull {name}: part {parts_done}/{n_parts}, {done:,}/{total:,} bytes ({pct}%)"
-        out.write(("\r" + line + ("\n" if parts_done == n_parts else "")) if tty else line + "\n")
+        out.write(f"pull {name}: part {parts_done}/{n_parts}, {done:,}/{total:,} bytes ({pct}%)\n")
         out.flush()
 
     return show
