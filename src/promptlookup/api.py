@@ -110,7 +110,8 @@ Options = RequestOptions
 def load_backend(model: str | Path | None = None, backend: str = "llama.cpp", n_ctx: int = 4096,
                  threads: int | None = None, n_seq: int = 1) -> Model:
     """A loaded backend: ``llama.cpp`` (a GGUF; the build is checked once per install) or
-    ``transformers`` (a GGUF dequantized to fp32, or a local model directory).
+    ``transformers`` (a GGUF dequantized to fp32, or a local model directory). ``model``: a path, or
+    a model name (``"qwen2.5-coder-0.5b"``; ``promptlookup models`` lists them); None: the bundled one.
 
     ``n_seq``: sequences the KV cache holds, ``n_ctx`` positions each (continuous batching; only
     llama.cpp holds more than one)."""
@@ -125,10 +126,10 @@ def load_backend(model: str | Path | None = None, backend: str = "llama.cpp", n_
         return TransformersBackend(path, n_ctx=n_ctx, n_threads=threads)
     if backend != "llama.cpp":
         raise UsageError(f"unknown backend {backend!r} (llama.cpp or transformers)")
+    path = resolve_model(model)  # a model that cannot be had is named before llama.cpp is imported
     from promptlookup.backends.doctor import ensure_build_checked
     from promptlookup.backends.llama_cpp import LlamaCppBackend
 
-    path = resolve_model(model)
     ensure_build_checked(path, threads)  # once per installed build, in a child process
     return LlamaCppBackend(path, n_ctx=n_ctx, n_threads=threads, n_seq=n_seq)
 
