@@ -165,6 +165,11 @@ class Constraint:
         self.start = 0
         self.masks = 0  # masks computed (the benchmark's count)
 
+    @property
+    def end(self) -> int | None:
+        """The token that ends generation (the first end-of-generation id), None where none is known."""
+        return self._eog[0] if self._eog else None
+
     def reset(self, start: int) -> None:
         self._matcher.reset()
         self._consumed = []
