@@ -16,6 +16,12 @@ Which format (:func:`detect_format`, from the template's text):
   ``<|python_tag|>``), or a JSON list of such objects.
 - anything else that mentions tools: refused, since we would not know how to read the reply.
 
+Where a format's tag is one token of the vocabulary (Qwen2.5's ``<tool_call>``, id 151657), a forced
+call's grammar asks for that token (:func:`tag_tokens`), and the reply's text writes it even where the
+backend writes no text for a special token (:func:`tag_renderer`). Under ``auto``, a reply with no
+call in the template's format that is only JSON calls of declared tools, bare or fenced, is calls too
+(:mod:`promptlookup.lenient`): what small tool models mostly write.
+
 ``tool_choice``: ``auto`` (the default with tools) lets the model answer or call, and a reply that
 does not parse as calls is its text (finish reason "stop"), never an error. ``required`` and a
 named function are forced by a grammar (:meth:`ToolFormat.grammar`): the format's wrapper around a
