@@ -62,6 +62,9 @@ def test_json_calls_of_declared_tools_are_calls(text, calls):
     ('```json\n{"name": "read_file", "arguments": {}}\n``` and more', 52),  # at the "a"
     ('```json\n{"name": "read_file", "arguments": {}}\n{"x": 1}', 48),  # a second value in a fence
     ('[{"name": "read_file", "arguments": {}}]', 1),  # a list is not the rule's
+    ('{"name": "read_file", "arguments": {}, "parameters": 3}', 51),  # both kinds of arguments
+    ('{"name": "rm", "name": "read_file", "arguments": {}}', 12),
+    ('{"name": "read_file", "name": "read_file", "arguments": {}}', 28),  # a repeated key, once whole
     ("Hello! How can I help?", 1),
 ])
 def test_what_cannot_become_a_call_is_text_and_released_at_the_first_character_that_rules_it_out(
@@ -128,7 +131,8 @@ def test_the_template_format_comes_first_and_content_before_tags_streams():
     assert (content, calls, finish) == ("I will call it.\n", [("read_file", '{"path": "a"}')], "tool_calls")
 
 
-REPLIES = [QWEN_FENCED, QWEN_BARE, '{"name": "rm", "arguments": {}}', "Hello! Sure.",
+REPLIES = ['{"name": "read_file", "arguments": {"a": 1, "a": 2}}',  # a repeated key: text at the end
+           QWEN_FENCED, QWEN_BARE, '{"name": "rm", "arguments": {}}', "Hello! Sure.",
            '```python\nx = 1\n```', '{"name": "read_file", "arguments": {}} Done.',
            'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>',
            '{"name": "read_file", "arguments": {"path": "\\u00e9\\n"}}  ', '  ```json\n{"name": "read_f',

@@ -9,8 +9,8 @@ so does this module, under one narrow rule:
 - the whole reply, less surrounding whitespace, is one or more *items* separated by whitespace;
 - an item is a JSON object, bare or in a fence (three backticks, an optional ``json`` tag, the
   object, three backticks);
-- each object has the keys ``name`` (a tool of the request) and ``arguments`` or ``parameters`` (an
-  object, or JSON text of one), and no other key.
+- each object has the keys ``name`` (a tool of the request) and one of ``arguments`` or
+  ``parameters`` (an object, or JSON text of one), no other key, and no key twice.
 
 Anything else -- text around the block, an undeclared name, another key, a second value in a fence
 -- is the model's text. A stream holds the reply back only while it can still become such a call
@@ -40,7 +40,6 @@ _NUMBER_PREFIX = re.compile(r"-?(?:0|[1-9][0-9]*)?(?:\.[0-9]*)?(?:[eE][+-]?[0-9]
 _STRING_BODY = re.compile(r'(?:[^"\\\x00-\x1f]+|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*')
 _CUT_ESCAPE = re.compile(r"\\(?:u[0-9a-fA-F]{0,3})?")  # an escape the end of the text cut
 _WORD = re.compile(r"[A-Za-z0-9+\-.]*")  # a literal or a number
-_DECODER = json.JSONDecoder()
 
 
 def parse(text: str, tools: Sequence[Tool]) -> list[ToolCall] | None:
@@ -75,9 +74,20 @@ def parse(text: str, tools: Sequence[Tool]) -> list[ToolCall] | None:
 
 
 def _call(obj: Any, tools: Sequence[Tool]) -> ToolCall | None:
-    if not isinstance(obj, dict) or not set(obj) <= set(KEYS) or not any(k in obj for k in ARG_KEYS):
+    if not isinstance(obj, dict) or not set(obj) <= set(KEYS) or sum(k in obj for k in ARG_KEYS) != 1:
         return None
     return call_of(obj, tools, ARG_KEYS)
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object's pairs as a dict, refused where a key repeats (which value was meant?)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise ValueError("a key is repeated")
+    return out
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_unique)
 
 
 def possible(text: str, names: Sequence[str]) -> bool:
@@ -107,7 +117,7 @@ def possible(text: str, names: Sequence[str]) -> bool:
         if scan.end is None:
             return True  # the object goes on
         try:
-            obj = json.loads(text[pos:scan.end])
+            obj = _DECODER.decode(text[pos:scan.end])
         except ValueError:
             return False
         if _call(obj, [Tool(n, {}) for n in names]) is None:
@@ -123,7 +133,9 @@ def possible(text: str, names: Sequence[str]) -> bool:
 
 def _top_ok(scan: _Scan, names: Sequence[str]) -> bool:
     """Whether the top-level keys and values seen so far may still make a call."""
-    if any(k not in KEYS for k in scan.keys):
+    if any(k not in KEYS for k in scan.keys) or len(set(scan.keys)) != len(scan.keys):
+        return False
+    if sum(k in scan.keys for k in ARG_KEYS) > 1:
         return False
     if scan.partial_key is not None and not any(k.startswith(scan.partial_key) for k in KEYS):
         return False
