@@ -99,3 +99,7 @@ def test_a_forced_call_is_the_same_token_for_token_speculated_or_not(client):
         assert off[3][:2] == [151657, 198] and off[3][-3:] == [198, 151658, 151645]  # tags, then <|im_end|>
         assert got["auto", prompt] == got["ngram", prompt] == off
     assert got["off", WEATHER_Q][2] == [("get_weather", '{"city": "Paris", "unit": "celsius"}')]
+    seeded = [_ask(client, HELLO, False, tool_choice="required", temperature=0.8, seed=7,
+                   extra_body={"speculate": speculate, "return_token_ids": True})
+              for speculate in ("off", "auto")]
+    assert seeded[0] == seeded[1] and seeded[0][0] == "tool_calls"
