@@ -315,7 +315,7 @@ class Sampler:
             # a token before ``n`` that the grammar refuses: a drafted one (a row the loop never
             # reads) or one its own mask let through; either way the reply ends here, as a stop,
             # never free text after a broken grammar
-            constraint, end = None, constraint.end
+            constraint, end = None, constraint.end(row)
         if end is not None:
             tok = end
         elif params.greedy:
