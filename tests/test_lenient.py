@@ -64,6 +64,7 @@ def test_json_calls_of_declared_tools_are_calls(text, calls):
     ('[{"name": "read_file", "arguments": {}}]', 1),  # a list is not the rule's
     ('{"name": "read_file", "arguments": {}, "parameters": 3}', 51),  # both kinds of arguments
     ('{"name": "rm", "name": "read_file", "arguments": {}}', 12),
+    ('{"name": "read_file", "arguments": {"x": NaN}}', 42),  # Python's json reads NaN; JSON has none
     ('{"name": "read_file", "name": "read_file", "arguments": {}}', 28),  # a repeated key, once whole
     ("Hello! How can I help?", 1),
 ])
@@ -132,6 +133,7 @@ def test_the_template_format_comes_first_and_content_before_tags_streams():
 
 
 REPLIES = ['{"name": "read_file", "arguments": {"a": 1, "a": 2}}',  # a repeated key: text at the end
+           '{"name": "read_file", "arguments": {"x": -Infinity}}',  # not JSON: text
            QWEN_FENCED, QWEN_BARE, '{"name": "rm", "arguments": {}}', "Hello! Sure.",
            '```python\nx = 1\n```', '{"name": "read_file", "arguments": {}} Done.',
            'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>',

@@ -87,7 +87,12 @@ def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-_DECODER = json.JSONDecoder(object_pairs_hook=_unique)
+def _no_constant(name: str) -> Any:
+    """Python's json reads NaN and Infinity; JSON has neither."""
+    raise ValueError(f"{name} is not JSON")
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_unique, parse_constant=_no_constant)
 
 
 def possible(text: str, names: Sequence[str]) -> bool:
