@@ -4,6 +4,8 @@ any chunks gives the whole answer's content and calls."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -151,3 +153,35 @@ def test_any_chunking_of_a_stream_gives_the_whole_answers_content_and_calls(repl
     whole = _stream([reply], finish)
     assert (content, calls, fin, n) == whole[1:]
     assert "".join(texts) == content  # what streamed is the content, whole, and nothing of a call
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(name=st.sampled_from([*NAMES, "rm", "read"]), key=st.sampled_from(["arguments", "parameters", "args"]),
+       args=st.dictionaries(st.text(max_size=6), _JSON, max_size=3) | _JSON,
+       extra=st.sampled_from([{}, {"id": 1}]), indent=st.sampled_from([None, 2]),
+       ascii_only=st.booleans(), fence=st.sampled_from(["", "```", "```json\n", "```JSON "]),
+       pad=st.sampled_from(["", " ", "\n\n"]))
+def test_every_prefix_of_a_reply_that_parses_may_still_become_a_call(name, key, args, extra, indent,
+                                                                      ascii_only, fence, pad):
+    """The stream's hold-back is sound: a reply the whole answer reads as calls was never released."""
+    body = json.dumps({"name": name, key: args, **extra}, indent=indent, ensure_ascii=ascii_only)
+    text = pad + fence + body + ("\n```" if fence else "") + pad
+    calls = _calls(text)
+    decoded = args
+    if isinstance(args, str):  # JSON text of arguments counts when it holds an object
+        try:
+            decoded = json.loads(args)
+        except ValueError:
+            decoded = None
+    expected = name in NAMES and key != "args" and not extra and isinstance(decoded, dict)
+    assert (calls is not None) == expected
+    if calls is not None:
+        assert calls == [(name, json.dumps(decoded, ensure_ascii=False))]
+        assert all(possible(text[:k], NAMES) for k in range(len(text) + 1))
