@@ -4,9 +4,9 @@ Why one script run: on a shared 2-core machine the load drifts by tens of percen
 two builds measured in two runs are not comparable. Here each round runs every build once, in a child
 process of its own (a build is a Python whose ``llama_cpp`` is that build; this repository's ``src``
 goes first on its path), alternating the order from round to round, and the table reports each
-figure's median over rounds. Each child measures, on the bundled model:
+figure's median over rounds. Each child measures, on the bundled model or ``--model NAME|PATH``:
 
-- prefill tokens/s (a 480-token prompt, one batch, median of 3),
+- prefill tokens/s (a 480-token prompt, or ``--prefill-tokens``, in one call, median of 3),
 - the verify cost curve for 1..9 tokens (ms, after a 128-token context; median of 5),
 - plain decode tokens/s (``--speculate off``, 128 tokens on the copy_edit chat prompt),
 - with ``--bench``: ``promptlookup bench`` on copy_edit and prose (cells off and auto), whose paired
@@ -41,7 +41,8 @@ RESULT = "result: "
 BATCH_SEQS = (1, 4, 16)
 
 
-def child(bench: bool, threads: int | None, first: bool, cpu_time: bool) -> dict:
+def child(bench: bool, threads: int | None, first: bool, cpu_time: bool, model_arg: str | None,
+          prefill_tokens: int) -> dict:
     """Measure the build this Python imports (runs in the child)."""
     clock = time.process_time if cpu_time else time.perf_counter
     import llama_cpp
@@ -49,22 +50,22 @@ def child(bench: bool, threads: int | None, first: bool, cpu_time: bool) -> dict
     from promptlookup.backends.costs import measure_cost_curve
     from promptlookup.backends.llama_cpp import LlamaCppBackend, invariant_build, system_info
     from promptlookup.backends.llama_cpp_smoke import INVARIANCE_TOKENS, invariance_check, smoke_ids
-    from promptlookup.backends.models import bundled_model_path
+    from promptlookup.backends.models import resolve_model
     from promptlookup.chat import chat_tokens
     from promptlookup.speculate import generate
 
-    model = bundled_model_path()
-    backend = LlamaCppBackend(model, n_ctx=2048, n_threads=threads)
+    model = resolve_model(model_arg)
+    backend = LlamaCppBackend(model, n_ctx=max(2048, prefill_tokens + 16), n_threads=threads)
     info = system_info(llama_cpp)
     out: dict = {"system_info": info, "invariant_build": invariant_build(info), "threads": backend.n_threads}
-    ids = smoke_ids(backend, PREFILL_TOKENS)
+    ids = smoke_ids(backend, prefill_tokens)
     backend.prefill(ids)  # warm-up
     times = []
     for _ in range(3):
         t0 = clock()
         backend.prefill(ids)
         times.append(clock() - t0)
-    out["prefill_tps"] = PREFILL_TOKENS / statistics.median(times)
+    out["prefill_tps"] = prefill_tokens / statistics.median(times)
     out["verify_ms"] = [s * 1000 for s in measure_cost_curve(backend, max_tokens=9, clock=clock).seconds]
     prompt = chat_tokens(backend, (WORKLOADS / "copy_edit.txt").read_text(encoding="utf-8"))
     gen = generate(backend, prompt, DECODE_TOKENS, source=None, clock=clock)
@@ -72,20 +73,19 @@ def child(bench: bool, threads: int | None, first: bool, cpu_time: bool) -> dict
     if first:  # the build's bits do not change between rounds
         out["invariance"] = invariance_check(backend, smoke_ids(backend, INVARIANCE_TOKENS)).line()
     backend.close()
-    out["batch_ms"] = batched_forwards(threads, clock)
+    out["batch_ms"] = batched_forwards(model, threads, clock)
     if bench:
-        out["bench"] = run_bench_cli(threads)
+        out["bench"] = run_bench_cli(model, threads)
     return out
 
 
-def batched_forwards(threads: int | None, clock) -> dict[str, float]:
+def batched_forwards(model: Path, threads: int | None, clock) -> dict[str, float]:
     """ms of one forward of S sequences x 1 token (S in :data:`BATCH_SEQS`, 128 cached positions each,
     every row's logits: continuous batching's decode step), median of 7, the widths interleaved."""
     from promptlookup.backends.base import SeqDecode
     from promptlookup.backends.llama_cpp import LlamaCppBackend
-    from promptlookup.backends.models import bundled_model_path
 
-    backend = LlamaCppBackend(bundled_model_path(), n_ctx=512, n_threads=threads, n_seq=max(BATCH_SEQS))
+    backend = LlamaCppBackend(model, n_ctx=512, n_threads=threads, n_seq=max(BATCH_SEQS))
     context = 128
     for s in range(max(BATCH_SEQS)):
         backend.decode_many([SeqDecode(s, [100 + (s * 37 + 11 * i) % 5000 for i in range(context)], "last")])
@@ -103,10 +103,10 @@ def batched_forwards(threads: int | None, clock) -> dict[str, float]:
     return {str(s): statistics.median(v) * 1000 for s, v in samples.items()}
 
 
-def run_bench_cli(threads: int | None) -> dict[str, float]:
+def run_bench_cli(model: Path, threads: int | None) -> dict[str, float]:
     """``promptlookup bench`` (off and auto, copy_edit and prose) in this Python: auto's paired ratio."""
-    cmd = [sys.executable, "-m", "promptlookup", "bench", "--cells", "off,auto", "--repeat", "2",
-           "-n", "256", "-w", str(WORKLOADS / "copy_edit.txt"), str(WORKLOADS / "prose.txt")]
+    cmd = [sys.executable, "-m", "promptlookup", "bench", "-m", str(model), "--cells", "off,auto",
+           "--repeat", "2", "-n", "256", "-w", str(WORKLOADS / "copy_edit.txt"), str(WORKLOADS / "prose.txt")]
     if threads:
         cmd += ["-t", str(threads)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
@@ -118,12 +118,15 @@ def run_bench_cli(threads: int | None) -> dict[str, float]:
     return ratios
 
 
-def run_child(python: str, bench: bool, threads: int | None, first: bool, cpu_time: bool) -> dict:
+def run_child(python: str, bench: bool, threads: int | None, first: bool, cpu_time: bool,
+              model: str | None, prefill_tokens: int) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"),
                                                                     os.environ.get("PYTHONPATH")])))
     cmd = [python, str(Path(__file__).resolve()), "--child"] + (["--bench"] if bench else [])
     cmd += ["--first"] if first else []
     cmd += ["--cpu-time"] if cpu_time else []
+    cmd += ["--model", model] if model else []
+    cmd += ["--prefill-tokens", str(prefill_tokens)]
     if threads:
         cmd += ["--threads", str(threads)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -139,7 +142,7 @@ def table(results: dict[str, list[dict]]) -> str:
     def med(name: str, f, bench: bool) -> float:
         return statistics.median(f(r) for r in results[name] if "bench" in r or not bench)
 
-    rows = [("prefill tok/s (480 tokens)", lambda r: r["prefill_tps"], "{:.0f}", False),
+    rows = [("prefill tok/s", lambda r: r["prefill_tps"], "{:.1f}", False),
             ("plain decode tok/s", lambda r: r["decode_tps"], "{:.1f}", False)]
     rows += [(f"verify {n} tokens, ms", lambda r, n=n: r["verify_ms"][n - 1], "{:.1f}", False)
              for n in range(1, 10)]
@@ -175,11 +178,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run the bitwise invariance check on each build (first round)")
     ap.add_argument("--cpu-time", action="store_true",
                     help="time by process CPU time, not wall time (a loaded machine; use with --threads 1)")
+    ap.add_argument("--model", "-m", metavar="NAME|PATH", help="the model (default: the bundled one)")
+    ap.add_argument("--prefill-tokens", type=int, default=PREFILL_TOKENS,
+                    help=f"the prefill's prompt length (default {PREFILL_TOKENS})")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--first", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        print(RESULT + json.dumps(child(args.bench, args.threads, args.first, args.cpu_time)), flush=True)
+        print(RESULT + json.dumps(child(args.bench, args.threads, args.first, args.cpu_time, args.model,
+                                        args.prefill_tokens)), flush=True)
         return 0
     builds = {}
     for b in args.build:
@@ -195,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in order:
             print(f"round {r + 1}/{args.rounds}: {name}", file=sys.stderr, flush=True)
             results[name].append(run_child(builds[name], args.bench and r == 0, args.threads,
-                                           args.invariance and r == 0, args.cpu_time))
+                                           args.invariance and r == 0, args.cpu_time, args.model,
+                                           args.prefill_tokens))
     print(table(results))
     return 0
 
