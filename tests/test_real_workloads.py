@@ -1,5 +1,5 @@
 """The real workloads' builders (benchmarks/workloads/real) on tiny fixtures made here, and the agent
-harness (benchmarks/agent_real.py) on one real BFCL task where the workloads' site is installed.
+harness (benchmarks/serve_real.py) on one real BFCL task where the workloads' site is installed.
 
 The fixtures are the smallest data of each source's shape (an sdist pair, an ACLSum split, a BFCL
 data folder), so every expected item is written out in full; bad data must give a WorkloadError
@@ -263,30 +263,30 @@ class ReplayClient:
 
 @needs_site
 def test_ground_truth_replay_passes_bfcl_checker_and_silence_fails():
-    import agent_real
+    import serve_real
 
-    agent_real.use_site()
+    serve_real.use_site()
     items, _ = agents.build(SITE / "bfcl_eval", per_category=1, seed=0, categories=("multi_turn_base",))
     task = items[0]
-    sim = agent_real.Simulator(task)
+    sim = serve_real.Simulator(task)
     replies = []
     for turn in task["ground_truth"]:
         if turn:
             replies.append([truth_calls(sim, c) for c in turn])
         replies.append("Done.")
     client = ReplayClient(replies)
-    s = agent_real.run_session(client, "m", task, "fake", max_steps=5, max_tokens=64)
+    s = serve_real.run_session(client, "m", task, "fake", max_steps=5, max_tokens=64)
     assert client.replies == [] and s.requests == len(replies)
     assert s.calls == sum(map(len, task["ground_truth"]))
     n = len(replies)
     assert (s.completion_tokens, s.drafted, s.accepted) == (5 * n, 4 * n, 3 * n)
-    assert agent_real.check(task, s) == (True, "")
+    assert serve_real.check(task, s) == (True, "")
     last = client.sent[-1]["messages"]
     assert [m["role"] for m in last].count("tool") == s.calls  # every call's result went back
     assert last[0] == task["turns"][0][0] and client.sent[0]["tools"] == task["tools"]
 
-    silent = agent_real.run_session(ReplayClient(["No."] * len(task["turns"])), "m", task, "fake", 5, 64)
-    assert agent_real.check(task, silent) == (False, "multi_turn:empty_turn_model_response")
+    silent = serve_real.run_session(ReplayClient(["No."] * len(task["turns"])), "m", task, "fake", 5, 64)
+    assert serve_real.check(task, silent) == (False, "multi_turn:empty_turn_model_response")
     first_tool = task["tools"][0]["function"]["name"]
-    looping = agent_real.run_session(ReplayClient([[(first_tool, {})]] * 3), "m", task, "fake", 2, 64)
-    assert looping.force_quit and agent_real.check(task, looping) == (False, "multi_turn:force_terminated")
+    looping = serve_real.run_session(ReplayClient([[(first_tool, {})]] * 3), "m", task, "fake", 2, 64)
+    assert looping.force_quit and serve_real.check(task, looping) == (False, "multi_turn:force_terminated")

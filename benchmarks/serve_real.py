@@ -1,4 +1,8 @@
-"""Real agent sessions: BFCL multi-turn tasks run against OpenAI-compatible servers (issue 41).
+"""Real workloads against OpenAI-compatible servers (issue 41): agent sessions, code edits, summaries.
+
+``--workload fast_apply`` or ``summaries``: each item's prompt is one chat request (temperature 0);
+per item the wall seconds, completion tokens, and for fast_apply whether the reply is exactly the
+expected file (the "checker" column). ``--workload agents`` (the default) runs sessions:
 
 Each task (``benchmarks/workloads/real/agents.py`` builds them: ``multi_turn_base`` and
 ``multi_turn_miss_func`` of ``bfcl-eval``) is run as an agent runs it, through the official
@@ -35,9 +39,13 @@ llama-server is built from the llama.cpp that llama-cpp-python vendors, with set
 
 Run (build the workloads first: ``python benchmarks/workloads/real/build.py --only agents``):
 
-    .venv/bin/python benchmarks/agent_real.py \\
+    .venv/bin/python benchmarks/serve_real.py \\
         -m ~/.cache/promptlookup/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \\
-        --rows ours-off,ours,ls,ls-spec [--tasks N] [--jsonl FILE] [--md FILE]
+        --rows ours-off,ours,ls,ls-spec [--workload agents|fast_apply|summaries] [--tasks N] \\
+        [--jsonl FILE] [--md FILE]
+
+The rows run one after another (a row's server holds the model while its tasks run); --url runs
+one row against a server started elsewhere.
 """
 
 from __future__ import annotations
@@ -67,6 +75,7 @@ from real.sources import site_dir, site_ready  # noqa: E402
 
 OUR_SRC = HERE.parent / "src"
 ROW_KEYS = ("ours-off", "ours", "ls", "ls-spec")
+WORKLOADS = {"agents": 512, "fast_apply": 2048, "summaries": 384}  # workload -> default max_tokens
 SIM_PREFIX = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code"
 # class -> simulator module (bfcl_eval.constants.executable_backend_config.CLASS_FILE_PATH_MAPPING)
 SIM_MODULES = {"GorillaFileSystem": "gorilla_file_system", "MathAPI": "math_api", "MessageAPI": "message_api",
@@ -213,6 +222,27 @@ def run_session(client: Any, model: str, task: dict[str, Any], row: str, max_ste
     return s
 
 
+def run_prompt(client: Any, model: str, item: dict[str, Any], row: str, max_tokens: int) -> Session:
+    """One prompt item as one chat request; ``valid`` says whether a fast_apply reply is exactly
+    the expected file (None for summaries: a paraphrase is no error)."""
+    s = Session(item["id"], row)
+    t0 = time.perf_counter()
+    resp = client.chat.completions.create(model=model, messages=[{"role": "user", "content": item["prompt"]}],
+                                          temperature=0, max_tokens=max_tokens)
+    s.wall_s = time.perf_counter() - t0
+    s.requests = 1
+    if resp.usage is not None:
+        s.completion_tokens, s.prompt_tokens = resp.usage.completion_tokens, resp.usage.prompt_tokens
+    d = _drafts(resp.model_dump())
+    if d is not None:
+        s.drafted, s.accepted = d
+    text = resp.choices[0].message.content or ""
+    s.replies.append([text, []])
+    if item.get("workload") == "fast_apply":
+        s.valid = text.strip() == item["expected"].strip()
+    return s
+
+
 def check(task: dict[str, Any], s: Session) -> tuple[bool, str]:
     """BFCL's verdict on a session: force-terminated fails, else ``multi_turn_checker``."""
     if s.force_quit or len(s.decoded) != len(task["ground_truth"]):
@@ -222,7 +252,7 @@ def check(task: dict[str, Any], s: Session) -> tuple[bool, str]:
     entry = {"id": task["id"], "initial_config": task["initial_config"],
              "involved_classes": task["involved_classes"]}
     # the checker keeps its simulator instances in globals keyed by this name: one per check
-    name = f"agent_real_{uuid.uuid4().hex[:12]}"
+    name = f"serve_real_{uuid.uuid4().hex[:12]}"
     try:
         result = multi_turn_checker(s.decoded, task["ground_truth"], entry, task["category"], name)
     except AssertionError as exc:
@@ -250,7 +280,7 @@ def _default_llama_server() -> Path:
 
     path = llama_tools.bin_dir() / "llama-server"
     if not path.is_file():
-        raise SystemExit(f"agent_real: error: no llama-server at {path}; build it (once, ~19 min): "
+        raise SystemExit(f"serve_real: error: no llama-server at {path}; build it (once, ~19 min): "
                          ".venv/bin/python -c \"import sys; sys.path.insert(0, 'benchmarks'); "
                          "import llama_tools; print(llama_tools.ensure_server())\", or pass --llama-server")
     return path
@@ -268,8 +298,11 @@ def run_row(key: str, base_url: str | None, tasks: list[dict[str, Any]], args: a
         out = []
         for i, task in enumerate(tasks, 1):
             print(f"[{key}] {i}/{len(tasks)} {task['id']}", file=sys.stderr, flush=True)
-            s = run_session(client, model, task, key, args.max_steps, args.max_tokens)
-            s.valid, s.error_type = check(task, s)
+            if args.workload == "agents":
+                s = run_session(client, model, task, key, args.max_steps, args.max_tokens)
+                s.valid, s.error_type = check(task, s)
+            else:
+                s = run_prompt(client, model, task, key, args.max_tokens)
             out.append(s)
             emit(s)
         return out
@@ -299,7 +332,8 @@ def table(sessions: list[Session]) -> str:
 
     rows = list(dict.fromkeys(s.row for s in sessions))
     base = {s.task: s.wall_s for s in sessions if s.row == rows[0]}
-    head = ("| row | tasks | BFCL checker pass | identical to first row | session wall s (sum) | median | "
+    checked = [s.valid for s in sessions if s.valid is not None]
+    head = ("| row | tasks | checker pass | identical to first row | session wall s (sum) | median | "
             f"wall vs {rows[0]} (geomean, 95% CI over tasks) | requests | completion tokens | calls | "
             "tok/s | accepted/drafted |")
     out = [head, "|" + "---|" * head.count(" |")]
@@ -316,7 +350,8 @@ def table(sessions: list[Session]) -> str:
         drafted = [s for s in mine if s.drafted is not None]
         acc = (f"{sum(s.accepted or 0 for s in drafted)}/{sum(s.drafted or 0 for s in drafted)}"
                if drafted else "-")
-        out.append(f"| {r} | {len(mine)} | {sum(bool(s.valid) for s in mine)}/{len(mine)} | "
+        passed = f"{sum(bool(s.valid) for s in mine)}/{len(mine)}" if checked else "-"
+        out.append(f"| {r} | {len(mine)} | {passed} | "
                    f"{f'{sum(ident)}/{len(ident)}' if ident else '-'} | {wall:.1f} | "
                    f"{statistics.median(s.wall_s for s in mine):.1f} | {vs} | "
                    f"{sum(s.requests for s in mine)} | "
@@ -330,13 +365,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--rows", default="ours-off,ours", help=f"comma-separated, of {', '.join(ROW_KEYS)}")
     ap.add_argument("--url", help="a running server's base URL (http://HOST:PORT/v1) instead of --rows")
     ap.add_argument("--label", default="server", help="the --url row's name")
+    ap.add_argument("--workload", choices=WORKLOADS, default="agents")
     ap.add_argument("--items", type=Path, default=None,
-                    help="agents items.jsonl (default <workloads>/real/agents/items.jsonl)")
+                    help="the workload's items.jsonl (default <workloads>/real/WORKLOAD/items.jsonl)")
     ap.add_argument("--tasks", type=int, default=0, help="the first N tasks only (0: all)")
     ap.add_argument("--ids", default="", help="comma-separated task ids to run (instead of --tasks)")
     ap.add_argument("--max-steps", type=int, default=20,
                     help="requests per turn before a force-quit (BFCL: 20)")
-    ap.add_argument("--max-tokens", type=int, default=512, help="max_tokens of every request")
+    ap.add_argument("--max-tokens", type=int, default=None,
+                    help="max_tokens of every request (default: agents 512, fast_apply 2048, summaries 384)")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-c", "--ctx", type=int, default=16384, help="context of the servers started here")
     ap.add_argument("--speculate", default="auto", help="the ours row's --speculate (default auto)")
@@ -346,6 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--jsonl", type=Path, help="write every session's record (rewritten after each)")
     ap.add_argument("--md", type=Path, help="write the table")
     args = ap.parse_args(argv)
+    args.max_tokens = args.max_tokens or WORKLOADS[args.workload]
     keys = [args.label] if args.url else [k.strip() for k in args.rows.split(",") if k.strip()]
     if not args.url:
         bad = [k for k in keys if k not in ROW_KEYS]
@@ -354,10 +392,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.model is None or not args.model.is_file():
             ap.error(f"--model: no GGUF at {args.model} (the servers started here need one)")
     try:
-        use_site()
-        items = read_jsonl(args.items or workloads_root() / "real" / "agents" / "items.jsonl")
+        if args.workload == "agents":
+            use_site()
+        items = read_jsonl(args.items or workloads_root() / "real" / args.workload / "items.jsonl")
     except WorkloadError as exc:
-        print(f"agent_real: error: {exc}", file=sys.stderr)
+        print(f"serve_real: error: {exc}", file=sys.stderr)
         return 2
     if args.ids:
         wanted = [i.strip() for i in args.ids.split(",") if i.strip()]
@@ -380,7 +419,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.jsonl:
             atomic_write_text(args.jsonl, "".join(json.dumps(asdict(x)) + "\n" for x in sessions))
 
-    with tempfile.TemporaryDirectory(prefix="agent_real-") as logdir:
+    with tempfile.TemporaryDirectory(prefix="serve_real-") as logdir:
         for key in keys:
             run_row(key, args.url, items, args, Path(logdir), emit)
     mark_identical(sessions)
