@@ -55,6 +55,7 @@ import copy
 import importlib
 import inspect
 import json
+import keyword
 import os
 import statistics
 import sys
@@ -135,6 +136,14 @@ def call_string(name: str, args: dict[str, Any]) -> str:
     return f"{name}({','.join(f'{k}={v!r}' for k, v in args.items())})"
 
 
+def checkable(sim: Simulator, name: str, args: dict[str, Any]) -> bool:
+    """Whether a call may go to BFCL's checker, which ``eval``s the call strings: only a simulator
+    method with identifier keywords (the values, parsed from JSON, are literals and their ``repr``
+    is one). Anything else (``exec``, a keyword holding code) could not have been a valid call: the
+    simulator answered it with an error, and the checker never sees it."""
+    return name in sim.methods and all(k.isidentifier() and not keyword.iskeyword(k) for k in args)
+
+
 @dataclass
 class Session:
     task: str
@@ -212,7 +221,8 @@ def run_session(client: Any, model: str, task: dict[str, Any], row: str, max_ste
             strings = []
             for c, (name, _), args in zip(msg.tool_calls, calls, parsed, strict=True):
                 messages.append({"role": "tool", "tool_call_id": c.id, "content": sim.call(name, args)})
-                strings.append(call_string(name, args))
+                if checkable(sim, name, args):
+                    strings.append(call_string(name, args))
                 s.calls += 1
             steps.append(strings)
         s.decoded.append(steps)

@@ -285,8 +285,16 @@ def test_ground_truth_replay_passes_bfcl_checker_and_silence_fails():
     assert [m["role"] for m in last].count("tool") == s.calls  # every call's result went back
     assert last[0] == task["turns"][0][0] and client.sent[0]["tools"] == task["tools"]
 
+    first_tool = task["tools"][0]["function"]["name"]
+    evil = [[("exec", {"source": "import os"}), (first_tool, {"x=__import__('os').getpid()": 1})]]
+    probe = ReplayClient(evil + ["No."] * len(task["turns"]))
+    tried = serve_real.run_session(probe, "m", task, "fake", 5, 64)
+    assert tried.calls == 2 and tried.decoded[0] == [[]]  # both executed (as errors), neither given to eval
+    results = [m["content"] for m in probe.sent[1]["messages"] if m["role"] == "tool"]
+    assert results[0] == "Error during execution: name 'exec' is not defined"
+    assert results[1].startswith("Error during execution: ") and "unexpected keyword" in results[1]
+
     silent = serve_real.run_session(ReplayClient(["No."] * len(task["turns"])), "m", task, "fake", 5, 64)
     assert serve_real.check(task, silent) == (False, "multi_turn:empty_turn_model_response")
-    first_tool = task["tools"][0]["function"]["name"]
     looping = serve_real.run_session(ReplayClient([[(first_tool, {})]] * 3), "m", task, "fake", 2, 64)
     assert looping.force_quit and serve_real.check(task, looping) == (False, "multi_turn:force_terminated")
