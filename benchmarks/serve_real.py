@@ -422,9 +422,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     sessions: list[Session] = []
 
     def emit(s: Session) -> None:
+        verdict = ("" if s.valid is None else f", checker {'pass' if s.valid else 'fail'}"
+                   + (f" ({s.error_type})" if s.error_type else ""))
         print(f"  {s.task}: {s.wall_s:.1f} s, {s.requests} requests, {s.completion_tokens} tokens, "
-              f"{s.calls} calls, checker {'pass' if s.valid else 'fail ' + s.error_type}", file=sys.stderr,
-              flush=True)
+              f"{s.calls} calls{verdict}", file=sys.stderr, flush=True)
         sessions.append(s)
         if args.jsonl:
             atomic_write_text(args.jsonl, "".join(json.dumps(asdict(x)) + "\n" for x in sessions))
