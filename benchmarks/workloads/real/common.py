@@ -95,12 +95,14 @@ def field(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], where: s
 def write_workload(out: Path, name: str, items: Sequence[dict[str, Any]], settings: dict[str, Any],
                    sizes: Iterable[dict[str, Any]]) -> Path:
     """Write ``out/name``: items.jsonl, manifest.json and (for items with a prompt) prompts/*.txt,
-    each file atomically; prompts of an earlier build that this one no longer makes are removed."""
+    each file atomically; prompts of an earlier build that this one no longer makes are removed.
+    Keys keep the order the builder gave them: a tool's JSON is shown to the model as it is stored
+    (``type``, then ``function`` with ``name``, ``description``, ``parameters``), not sorted."""
     folder = out / name
     prompts = folder / "prompts"
     prompts.mkdir(parents=True, exist_ok=True)
     atomic_write_text(folder / "items.jsonl",
-                      "".join(json.dumps(it, ensure_ascii=False, sort_keys=True) + "\n" for it in items))
+                      "".join(json.dumps(it, ensure_ascii=False) + "\n" for it in items))
     manifest = {"workload": name, **settings, "items": list(sizes)}
     atomic_write_text(folder / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     keep = set()
