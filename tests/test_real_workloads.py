@@ -10,6 +10,7 @@ OpenAI client: BFCL's own checker must then accept the session, and reject an em
 from __future__ import annotations
 
 import ast
+import importlib.util
 import inspect
 import io
 import json
@@ -298,3 +299,36 @@ def test_ground_truth_replay_passes_bfcl_checker_and_silence_fails():
     assert serve_real.check(task, silent) == (False, "multi_turn:empty_turn_model_response")
     looping = serve_real.run_session(ReplayClient([[(first_tool, {})]] * 3), "m", task, "fake", 2, 64)
     assert looping.force_quit and serve_real.check(task, looping) == (False, "multi_turn:force_terminated")
+
+
+# -- the harness's report and the build command ------------------------------------------------------
+def test_report_marks_identical_sessions_and_pairs_walls():
+    import serve_real
+
+    def sess(task: str, row: str, wall: float, reply: str, valid: bool) -> serve_real.Session:
+        return serve_real.Session(task, row, wall_s=wall, requests=2, completion_tokens=10, calls=1,
+                                  drafted=None if row == "off" else 8, accepted=None if row == "off" else 6,
+                                  valid=valid, replies=[[reply, []]])
+
+    sessions = [sess("t1", "off", 4.0, "a", True), sess("t2", "off", 2.0, "b", False),
+                sess("t1", "auto", 2.0, "a", True), sess("t2", "auto", 2.0, "c", False)]
+    serve_real.mark_identical(sessions)
+    assert [s.identical for s in sessions] == [None, None, True, False]
+    rows = serve_real.table(sessions).splitlines()[2:]
+    # walls: off 4 + 2 = 6 s, auto 2 + 2 = 4 s; off over auto per task 2.0 and 1.0: geomean 1.414,
+    # a bootstrap over two tasks lands on 1.0, 1.414 or 2.0; tok/s 20 tokens over the summed walls
+    assert rows == [
+        "| off | 2 | 1/2 | - | 6.0 | 3.0 | - | 4 | 20 | 2 | 3.33 | - |",
+        "| auto | 2 | 1/2 | 1/2 | 4.0 | 2.0 | 1.414x (1.000-2.000, n=2) | 4 | 20 | 2 | 5.00 | 12/16 |"]
+
+
+def test_build_command_refuses_an_unknown_workload(capsys):
+    # loaded by path under its own name: a module named "build" on sys.path would shadow pypa's
+    spec = importlib.util.spec_from_file_location("real_workloads_build",
+                                                  ROOT / "benchmarks" / "workloads" / "real" / "build.py")
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    with pytest.raises(SystemExit) as exc:
+        build.main(["--only", "fast_apply,nope"])
+    assert exc.value.code == 2
+    assert "--only: unknown workload 'nope' (known: fast_apply, summaries, agents)" in capsys.readouterr().err
