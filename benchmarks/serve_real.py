@@ -85,6 +85,18 @@ SIM_MODULES = {"GorillaFileSystem": "gorilla_file_system", "MathAPI": "math_api"
 STATELESS = {"MathAPI"}
 
 
+def _request_errors() -> tuple[type[BaseException], ...]:
+    """What a failed request raises: the openai client's API errors (when it is installed)."""
+    try:
+        import openai
+    except ImportError:
+        return ()
+    return (openai.APIError,)
+
+
+REQUEST_ERRORS = _request_errors()
+
+
 def use_site(site: Path | None = None) -> Path:
     """Put the workloads' site (bfcl-eval, mpmath) on sys.path; an error saying how to make it."""
     site = site or site_dir()
@@ -156,6 +168,7 @@ class Session:
     drafted: int | None = None
     accepted: int | None = None
     force_quit: bool = False
+    failed: str = ""  # a request the server refused or did not answer (the session stopped there)
     valid: bool | None = None
     error_type: str = ""
     identical: bool | None = None
@@ -191,8 +204,13 @@ def run_session(client: Any, model: str, task: dict[str, Any], row: str, max_ste
             if step == max_steps:
                 s.force_quit = True
                 break
-            resp = client.chat.completions.create(model=model, messages=messages, tools=tools, temperature=0,
-                                                  max_tokens=max_tokens, extra_body=extra_body or None)
+            try:
+                resp = client.chat.completions.create(model=model, messages=messages, tools=tools,
+                                                      temperature=0, max_tokens=max_tokens,
+                                                      extra_body=extra_body or None)
+            except REQUEST_ERRORS as exc:  # e.g. the conversation outgrew the context: record, go on
+                s.failed = f"{type(exc).__name__}: {exc}"[:300]
+                break
             raw = resp.model_dump()
             s.requests += 1
             if resp.usage is not None:
@@ -226,7 +244,7 @@ def run_session(client: Any, model: str, task: dict[str, Any], row: str, max_ste
                 s.calls += 1
             steps.append(strings)
         s.decoded.append(steps)
-        if s.force_quit:
+        if s.force_quit or s.failed:
             break
     s.wall_s = time.perf_counter() - t0
     return s
@@ -237,8 +255,13 @@ def run_prompt(client: Any, model: str, item: dict[str, Any], row: str, max_toke
     the expected file (None for summaries: a paraphrase is no error)."""
     s = Session(item["id"], row)
     t0 = time.perf_counter()
-    resp = client.chat.completions.create(model=model, messages=[{"role": "user", "content": item["prompt"]}],
-                                          temperature=0, max_tokens=max_tokens)
+    try:
+        messages = [{"role": "user", "content": item["prompt"]}]
+        resp = client.chat.completions.create(model=model, messages=messages, temperature=0,
+                                              max_tokens=max_tokens)
+    except REQUEST_ERRORS as exc:
+        s.failed, s.valid = f"{type(exc).__name__}: {exc}"[:300], False
+        return s
     s.wall_s = time.perf_counter() - t0
     s.requests = 1
     if resp.usage is not None:
@@ -255,6 +278,8 @@ def run_prompt(client: Any, model: str, item: dict[str, Any], row: str, max_toke
 
 def check(task: dict[str, Any], s: Session) -> tuple[bool, str]:
     """BFCL's verdict on a session: force-terminated fails, else ``multi_turn_checker``."""
+    if s.failed:
+        return False, "request failed"
     if s.force_quit or len(s.decoded) != len(task["ground_truth"]):
         return False, "multi_turn:force_terminated"
     from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
@@ -361,10 +386,12 @@ def table(sessions: list[Session]) -> str:
         acc = (f"{sum(s.accepted or 0 for s in drafted)}/{sum(s.drafted or 0 for s in drafted)}"
                if drafted else "-")
         passed = f"{sum(bool(s.valid) for s in mine)}/{len(mine)}" if checked else "-"
+        failed = sum(bool(s.failed) for s in mine)
+        requests = f"{sum(s.requests for s in mine)}" + (f" ({failed} sessions failed)" if failed else "")
         out.append(f"| {r} | {len(mine)} | {passed} | "
                    f"{f'{sum(ident)}/{len(ident)}' if ident else '-'} | {wall:.1f} | "
                    f"{statistics.median(s.wall_s for s in mine):.1f} | {vs} | "
-                   f"{sum(s.requests for s in mine)} | "
+                   f"{requests} | "
                    f"{tokens} | {sum(s.calls for s in mine)} | {tokens / wall if wall else 0:.2f} | {acc} |")
     return "\n".join(out)
 
@@ -425,7 +452,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         verdict = ("" if s.valid is None else f", checker {'pass' if s.valid else 'fail'}"
                    + (f" ({s.error_type})" if s.error_type else ""))
         print(f"  {s.task}: {s.wall_s:.1f} s, {s.requests} requests, {s.completion_tokens} tokens, "
-              f"{s.calls} calls{verdict}", file=sys.stderr, flush=True)
+              f"{s.calls} calls{verdict}" + (f"; {s.failed}" if s.failed else ""), file=sys.stderr,
+              flush=True)
         sessions.append(s)
         if args.jsonl:
             atomic_write_text(args.jsonl, "".join(json.dumps(asdict(x)) + "\n" for x in sessions))

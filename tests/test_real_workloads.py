@@ -264,6 +264,8 @@ class ReplayClient:
 
 @needs_site
 def test_ground_truth_replay_passes_bfcl_checker_and_silence_fails():
+    import httpx
+    import openai
     import serve_real
 
     serve_real.use_site()
@@ -294,6 +296,14 @@ def test_ground_truth_replay_passes_bfcl_checker_and_silence_fails():
     results = [m["content"] for m in probe.sent[1]["messages"] if m["role"] == "tool"]
     assert results[0] == "Error during execution: name 'exec' is not defined"
     assert results[1].startswith("Error during execution: ") and "unexpected keyword" in results[1]
+
+    class Refusing:
+        chat = SimpleNamespace(completions=SimpleNamespace(create=lambda **kw: (_ for _ in ()).throw(
+            openai.APIConnectionError(request=httpx.Request("POST", "http://127.0.0.1:1/v1")))))
+
+    refused = serve_real.run_session(Refusing(), "m", task, "fake", 5, 64)
+    assert refused.failed == "APIConnectionError: Connection error." and refused.requests == 0
+    assert serve_real.check(task, refused) == (False, "request failed")
 
     silent = serve_real.run_session(ReplayClient(["No."] * len(task["turns"])), "m", task, "fake", 5, 64)
     assert serve_real.check(task, silent) == (False, "multi_turn:empty_turn_model_response")
