@@ -16,8 +16,9 @@ upstream picks a KV-split reduction for a one-token decode over 512+ cells and a
 query rows, so a row's attention would depend on the batch; patched, every batch shape takes the
 one per-row path (the reference path upstream keeps for testing), and the build says so in its system
 info (``FA_ONE_PATH = 1``), which is how the backend knows it may turn flash attention on. It also adds
-a matmul of ours for Q4_1 and Q8_0 weights on x86 (``scripts/ggml_patches``: a weight row against up to
-16 tokens at once, every result bit-identical to upstream's one-pair kernel; ``MUL_MAT_COLS = 1``).
+a matmul of ours for Q4_1, Q5_0, Q8_0, Q4_K and Q6_K weights and for attention's F16 rows on x86
+(``scripts/ggml_patches``: a weight row against up to 16 tokens at once, every result bit-identical
+to upstream's one-pair kernel; ``MUL_MAT_COLS = 1``).
 ``--kernels fast`` (or ``PROMPTLOOKUP_LLAMA_KERNELS=fast``) keeps llama.cpp's defaults.
 
 The wheel is kept in a wheelhouse keyed by everything that decides its bytes (package version, the
@@ -149,8 +150,8 @@ SOURCE_PATCHES = (
     SourcePatch(
         "vendor/llama.cpp/ggml/src/ggml-cpu/quants.h",
         _Q8_0_DECL,
-        _Q8_0_DECL + "// promptlookup: rows [r0, r1) of a Q4_1 or Q8_0 matrix against nc columns, "
-        "each result as vec_dot's; 0 (nothing done) where not available\n"
+        _Q8_0_DECL + "// promptlookup: rows [r0, r1) of a Q4_1, Q5_0, Q8_0, Q4_K or Q6_K matrix against nc "
+        "columns, each result as vec_dot's; 0 (nothing done) where not available\n"
         "int ggml_mul_mat_cols(enum ggml_type type, int n, const void * GGML_RESTRICT x, "
         "size_t x_stride, int64_t r0, int64_t r1, const void * const * GGML_RESTRICT cols, "
         "float * const * GGML_RESTRICT outs, int nc);\n" + _F16_COLS_DECL,

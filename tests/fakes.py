@@ -363,3 +363,12 @@ class BatchByteModel(ByteModel):
             return out
         finally:
             self._inside.release()
+
+
+class TagToolModel(ToolByteModel):
+    """:class:`ToolByteModel` whose ``<tool_call>`` and ``</tool_call>`` are one control token each
+    (ids 261 and 262), as a GGUF may mark them: its ``detokenize`` writes no text for them, as
+    llama.cpp writes none for a control token, and structured output sees them as special tokens."""
+
+    CONTROLS = (*ByteModel.CONTROLS, "<tool_call>", "</tool_call>")
+    OPEN, CLOSE = 257 + len(ByteModel.CONTROLS), 258 + len(ByteModel.CONTROLS)

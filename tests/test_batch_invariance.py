@@ -152,7 +152,10 @@ def test_speculative_output_equals_plain_decoding_for_every_source(model, worklo
         source, draft = make_source(parse_cell(spec), backend)
         got = generate(backend, prompt, n, source=source, draft=draft)
         assert got.tokens == plain, f"{spec} left plain decoding at token {_first_diff(got.tokens, plain)}"
-        assert got.counters.accepted_tokens > 0, spec  # it did speculate: batches wider than 1 ran
+        # it did speculate (batches wider than 1 ran); auto may decline to draft on prose where its
+        # cost curve says drafting loses (it does on Qwen2.5-Coder 0.5B), and drafts on copy_edit
+        if spec != "auto" or workload == "copy_edit":
+            assert got.counters.accepted_tokens > 0, spec
 
     def sampled(spec: str | None) -> list[int]:
         source, draft = make_source(parse_cell(spec), backend) if spec else (None, 1)

@@ -8,7 +8,7 @@ import json
 
 import jsonschema_rs
 import pytest
-from fakes import ByteModel, RandomDrafts, ToolByteModel
+from fakes import ByteModel, RandomDrafts, TagToolModel, ToolByteModel
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -28,6 +28,8 @@ from promptlookup.tools import (
     format_for,
     parse_tool_choice,
     parse_tools,
+    tag_renderer,
+    tag_tokens,
 )
 
 HERMES, LLAMA3 = FORMATS["hermes"], FORMATS["llama3"]
@@ -359,3 +361,53 @@ def test_a_named_call_always_parses_validates_and_speculation_changes_nothing(
                    RandomDrafts(model, seed, p_right)):
         spec = run(source)
         assert (spec.tokens, spec.stopped_by) == (plain.tokens, plain.stopped_by)
+
+
+# -- tags that are one special token (Qwen2.5's <tool_call>) ----------------------------------------------
+def test_tags_that_are_one_token_are_found_and_written_back_where_the_backend_drops_them():
+    model = TagToolModel()
+    assert tag_tokens(model, HERMES) == {"<tool_call>": 261, "</tool_call>": 262}
+    assert tag_tokens(ToolByteModel(), HERMES) == {}  # eleven byte tokens: the tag is text
+    ids = [261, 10, *b'{"a": 1}', 10, 262]
+    assert model.detokenize(ids) == '\n{"a": 1}\n'  # a control token has no text, as in llama.cpp
+    assert tag_renderer(model.detokenize, model, {"<tool_call>": 261, "</tool_call>": 262})(ids) == \
+        '<tool_call>\n{"a": 1}\n</tool_call>'
+    plain = ToolByteModel()
+    assert tag_renderer(plain.detokenize, plain, {}) == plain.detokenize  # nothing to write back
+
+
+def test_a_forced_call_writes_the_special_tag_tokens_and_speculation_changes_nothing():
+    engine = Engine.from_backend(TagToolModel(window=2), speculate="off")
+    got = []
+    for speculate in ("off", "ngram", "suffix"):
+        for stream in (False, True):
+            out = engine.chat(USER, tools=TOOLS, tool_choice="required", max_tokens=100, temperature=0,
+                              speculate=speculate, stream=stream)
+            c = list(out)[-1].completion if stream else out
+            got.append((c.tokens, c.text, c.finish_reason, [(x.name, x.arguments) for x in c.tool_calls]))
+    body = b'{ "name" : "run_tests" , "arguments" : { "k" : 0 } }'
+    assert got == [([261, 10, *body, 10, 262, 256], "", "tool_calls", [("run_tests", '{"k": 0}')])] * 6
+
+
+def test_auto_reads_a_call_made_of_special_tags():
+    engine = Engine.from_backend(TagToolModel(window=2), speculate="off")
+    tokens = [261, 10, *b'{"name": "read_file", "arguments": {"path": "a"}}', 10, 262]
+    chunks = [Chunk(engine.detokenize(tokens[:1]), tokens[:1]), Chunk("", tokens[1:])]
+    text = tag_renderer(engine.detokenize, engine.backend, tag_tokens(engine.backend, HERMES))(tokens)
+    chunks[-1].completion = _completion(text)
+    out = list(_tool_chunks(iter(chunks), HERMES, CHECKED, lenient=True))
+    assert [(x.name, x.arguments) for x in out[-1].completion.tool_calls] == [("read_file", '{"path": "a"}')]
+
+
+def test_a_token_the_grammar_refuses_ends_the_reply_as_a_stop():
+    """A sampled token the grammar refuses (a draft's, or one a grammar's mask let through) never
+    leads to free text: the next token is the end of generation."""
+    model = ToolByteModel()
+    grammar = HERMES.grammar(CHECKED, ToolChoice("required"))
+    constraint = Constraint(grammar_tokenizer(model), grammar, [ByteModel.EOS])
+    sampler = Sampler(SamplingParams(), 0, constraint=constraint)
+    sampler.reset(1)  # the prompt is one token
+    prompt = [ord("x")]
+    assert sampler.sample(model.logits(prompt), prompt, 1) == ord("<")  # the grammar's first byte
+    refused = [*prompt, ord("Z")]
+    assert sampler.sample(model.logits(refused), refused, 2) == ByteModel.EOS

@@ -28,7 +28,7 @@ import json
 import numbers
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,12 +42,22 @@ from promptlookup.drafting.base import DraftSource, report_of
 from promptlookup.drafting.spec import OFF, Run, SourceSpec, SpecError, save_state, source_factory
 from promptlookup.errors import RequestError, UsageError, check_prompt_fits
 from promptlookup.grammar import Constraint, eog_ids, grammar_tokenizer
+from promptlookup.lenient import parse as lenient_parse
+from promptlookup.lenient import possible as lenient_possible
 from promptlookup.options import MAX_STOP_CHARS, MAX_STOPS, RequestOptions
 from promptlookup.sampling import Sampler, TokenLogprob
 from promptlookup.speculate import steps
 from promptlookup.telemetry import Counters
 from promptlookup.textout import TextTracker
-from promptlookup.tools import ToolCall, ToolFormat, format_for, supports_tools, template_of
+from promptlookup.tools import (
+    ToolCall,
+    ToolFormat,
+    format_for,
+    supports_tools,
+    tag_renderer,
+    tag_tokens,
+    template_of,
+)
 
 # What speculation does when nobody says: the best setting we measured (docs/results.md).
 DEFAULT_SPECULATE = "auto"
@@ -110,7 +120,8 @@ Options = RequestOptions
 def load_backend(model: str | Path | None = None, backend: str = "llama.cpp", n_ctx: int = 4096,
                  threads: int | None = None, n_seq: int = 1) -> Model:
     """A loaded backend: ``llama.cpp`` (a GGUF; the build is checked once per install) or
-    ``transformers`` (a GGUF dequantized to fp32, or a local model directory).
+    ``transformers`` (a GGUF dequantized to fp32, or a local model directory). ``model``: a path, or
+    a model name (``"qwen2.5-coder-0.5b"``; ``promptlookup models`` lists them); None: the bundled one.
 
     ``n_seq``: sequences the KV cache holds, ``n_ctx`` positions each (continuous batching; only
     llama.cpp holds more than one)."""
@@ -125,10 +136,10 @@ def load_backend(model: str | Path | None = None, backend: str = "llama.cpp", n_
         return TransformersBackend(path, n_ctx=n_ctx, n_threads=threads)
     if backend != "llama.cpp":
         raise UsageError(f"unknown backend {backend!r} (llama.cpp or transformers)")
+    path = resolve_model(model)  # a model that cannot be had is named before llama.cpp is imported
     from promptlookup.backends.doctor import ensure_build_checked
     from promptlookup.backends.llama_cpp import LlamaCppBackend
 
-    path = resolve_model(model)
     ensure_build_checked(path, threads)  # once per installed build, in a child process
     return LlamaCppBackend(path, n_ctx=n_ctx, n_threads=threads, n_seq=n_seq)
 
@@ -324,9 +335,15 @@ class Engine:
         fmt = format_for(self.backend)
         tools = list(opts.tools or ())
         ids = self.chat_ids(messages, tools)
-        grammar = fmt.grammar(tools, choice) if choice.forced else None
+        tags = tag_tokens(self.backend, fmt)  # the tags that are one token, as Qwen2.5's <tool_call>
+        grammar = None
+        if choice.forced:
+            special = self._grammar_vocab().is_special_token
+            grammar = fmt.grammar(tools, choice, {text: t for text, t in tags.items() if special(t)})
         run = opts.replace(tools=None, tool_choice=None, response_format=grammar)
-        chunks = _tool_chunks(self._start(ids, run, True), fmt, tools)  # type: ignore[arg-type]
+        text_of = tag_renderer(self.backend.detokenize, self.backend, tags)
+        chunks = _tool_chunks(self._start(ids, run, True, text_of), fmt, tools,  # type: ignore[arg-type]
+                              lenient=choice.mode == "auto")
         return chunks if stream else _last(chunks)
 
     def _check_ids(self, prompt: Sequence[int]) -> list[int]:
@@ -338,7 +355,8 @@ class Engine:
             ids.append(int(t))
         return ids
 
-    def _start(self, ids: list[int], opts: RequestOptions, stream: bool) -> Completion | Iterator[Chunk]:
+    def _start(self, ids: list[int], opts: RequestOptions, stream: bool,
+               detokenize: Callable[[Sequence[int]], str] | None = None) -> Completion | Iterator[Chunk]:
         # Every setting is checked before the first token (and before a stream is handed out).
         if not ids:
             raise RequestError("the prompt is empty: at least one token is needed", "prompt")
@@ -347,7 +365,7 @@ class Engine:
         self._check_bias(opts)
         sampler = opts.sampler(self._constraint(opts))
         stops = opts.stops()
-        chunks = self._run(ids, opts, spec, sampler, stops)
+        chunks = self._run(ids, opts, spec, sampler, stops, detokenize or self.backend.detokenize)
         if stream:
             return chunks
         last = None
@@ -363,18 +381,22 @@ class Engine:
                 raise RequestError(f"logit_bias: token {t} is outside the vocabulary (0..{n_vocab - 1})",
                                    "logit_bias")
 
+    def _grammar_vocab(self) -> Any:
+        """llguidance's view of the model's vocabulary, built on first use (a second on a large one)."""
+        with self._grammar_lock:
+            if self._grammar_tokenizer is None:
+                self._grammar_tokenizer = grammar_tokenizer(self.backend)
+            return self._grammar_tokenizer
+
     def _constraint(self, opts: RequestOptions) -> Constraint | None:
         """The grammar state of ``opts.response_format`` on this model (None: free text)."""
         if opts.response_format is None:
             return None
-        with self._grammar_lock:
-            if self._grammar_tokenizer is None:
-                self._grammar_tokenizer = grammar_tokenizer(self.backend)
-            eog = eog_ids(self.backend)
-        return Constraint(self._grammar_tokenizer, opts.response_format, eog)
+        vocab = self._grammar_vocab()
+        return Constraint(vocab, opts.response_format, eog_ids(self.backend))
 
     def _run(self, ids: list[int], opts: RequestOptions, spec: SourceSpec, sampler: Sampler,
-             stops: list[str]) -> Iterator[Chunk]:
+             stops: list[str], detokenize: Callable[[Sequence[int]], str]) -> Iterator[Chunk]:
         slot, keep = self._pool.acquire(ids, self.reuse_prefix)
         sched = self.scheduler
         try:
@@ -382,7 +404,7 @@ class Engine:
                 sched.open(slot.seq, ids)
                 if self.reuse_prefix:
                     keep = self._copy_prefix(slot, keep, ids)
-            yield from self._run_on(slot, keep, ids, opts, spec, sampler, stops)
+            yield from self._run_on(slot, keep, ids, opts, spec, sampler, stops, detokenize)
         finally:
             if sched is not None:
                 sched.close(slot.seq)
@@ -406,13 +428,15 @@ class Engine:
         return sched.copy_prefix(donor.seq, slot.seq, ids, keep + MIN_PREFIX_COPY) or keep
 
     def _run_on(self, slot: Slot, keep: int, ids: list[int], opts: RequestOptions, spec: SourceSpec,
-                sampler: Sampler, stops: list[str]) -> Iterator[Chunk]:
-        """One request on ``slot`` (its decoder, its sources), ``keep`` cached prompt positions reused."""
+                sampler: Sampler, stops: list[str],
+                detokenize: Callable[[Sequence[int]], str]) -> Iterator[Chunk]:
+        """One request on ``slot`` (its decoder, its sources), ``keep`` cached prompt positions reused;
+        its text is ``detokenize`` of its tokens (a tool request's writes its tags: :func:`tag_renderer`)."""
         sched = self.scheduler
         source = self.source_for(spec, slot)
         choices_before = _choices(source)
         decoder = slot.decoder
-        tracker = TextTracker(self.backend.detokenize, stops)
+        tracker = TextTracker(detokenize, stops)
         deadline = None if opts.timeout is None else time.monotonic() + opts.timeout
         ended_by = None
         emitted = 0  # tokens handed out in chunks so far
@@ -584,12 +608,20 @@ def _last(chunks: Iterator[Chunk]) -> Completion:
     return last.completion
 
 
-def _tool_chunks(chunks: Iterator[Chunk], fmt: ToolFormat, tools: Sequence[Any]) -> Iterator[Chunk]:
+def _tool_chunks(chunks: Iterator[Chunk], fmt: ToolFormat, tools: Sequence[Any],
+                 lenient: bool = False) -> Iterator[Chunk]:
     """``chunks`` of a reply that may call tools: text goes out as long as it is surely content
     (:meth:`~promptlookup.tools.ToolFormat.safe_prefix`); the rest is held, with its tokens and
     logprobs, until the end, where the whole reply is parsed. Parsed calls go on the completion (its
     text then the content before them, finish reason "tool_calls"); a reply that does not parse, or
-    that the token limit cut, is text, as without tools."""
+    that the token limit cut, is text, as without tools.
+
+    ``lenient`` (``tool_choice: "auto"``): a reply that is only JSON calls of the tools, bare or
+    fenced (:mod:`promptlookup.lenient`), is calls too, when the format's own parse finds none; the
+    whole reply is held while it may still become one, and released from the first character that
+    rules that out. Held text depends only on the text so far, never on how it was cut into chunks,
+    so a stream's content and calls are the whole answer's."""
+    names = [t.name for t in tools]
     text = ""
     sent = 0
     tokens: list[int] = []
@@ -602,12 +634,16 @@ def _tool_chunks(chunks: Iterator[Chunk], fmt: ToolFormat, tools: Sequence[Any])
                 lps = [*(lps or ()), *chunk.logprobs]
             c = chunk.completion
             if c is None:
-                safe = max(sent, fmt.safe_prefix(text))
+                lenient = lenient and lenient_possible(text, names)
+                safe = 0 if lenient else max(sent, fmt.safe_prefix(text))
                 if safe > sent:
                     yield Chunk(text[sent:safe], tokens, logprobs=lps)
                     sent, tokens, lps = safe, [], None
                 continue
             parsed = fmt.parse(c.text, tools) if c.finish_reason == "stop" else None
+            if parsed is None and lenient and c.finish_reason == "stop":
+                calls = lenient_parse(c.text, tools)
+                parsed = None if calls is None else ("", calls)
             if parsed is not None:
                 content, calls = parsed
                 c.text, c.tool_calls, c.finish_reason = content, calls, "tool_calls"

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 # Upper bounds of the numeric flags, checked at parse time so that no value reaches code that cannot
 # honour it (llama.cpp segfaults at -t 65536 and aborts with std::bad_alloc on a 31-digit one).
 MAX_THREADS = 512  # llama.cpp's GGML_MAX_N_THREADS; past the cores more threads only slow it down
+MODEL_HELP = ("model: a name from 'promptlookup models' (default smollm2-135m, the bundled "
+              "SmolLM2-135M-Instruct) or a GGUF file path")
 MAX_CTX = 1 << 20  # tokens; a model's own limit (training context, memory) is checked when it loads
 MAX_PREDICT = MAX_CTX
 MAX_REPEAT = 1000
@@ -153,8 +155,8 @@ def _sampling_line(params, seed: int) -> str:
 
 
 def _add_model_args(p: argparse.ArgumentParser, backend: bool = False) -> None:
-    p.add_argument("-m", "--model", help="GGUF model file (default: bundled SmolLM2-135M-Instruct); "
-                   "with --backend transformers also a local model directory")
+    p.add_argument("-m", "--model", metavar="NAME|PATH",
+                   help=MODEL_HELP + "; with --backend transformers also a local model directory")
     if backend:
         p.add_argument("--backend", choices=("llama.cpp", "transformers"), default="llama.cpp",
                        help="engine (default llama.cpp); transformers needs the [transformers] extra "
@@ -254,6 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_lookup_commands(sub)
     _add_bench_command(sub)
     _add_serve_command(sub)
+    from promptlookup.pull import add_models_command
+
+    add_models_command(sub)
     cc = sub.add_parser("curve", help="measure a model's verify cost curve (cached for --speculate auto)")
     _add_model_args(cc, backend=True)
     cc.add_argument("--max-tokens", type=_int_in(2, 64, "--max-tokens"), default=MAX_DRAFT + 1,
@@ -266,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "verify, rollback, batched vs single-token rows) and reports the CPU, "
                                     "the build's ISA, the verify cost curve and a verdict. Exit 0 when "
                                     "healthy.")
-    dr.add_argument("-m", "--model", help="GGUF model for the smoke test (default: the bundled model)")
+    dr.add_argument("-m", "--model", metavar="NAME|PATH", help="the smoke test's " + MODEL_HELP)
     dr.add_argument("-t", "--threads", type=_int_in(1, None, "--threads"),
                     help="CPU threads (default: the cores available)")
     dr.add_argument("--smoke-only", action="store_true",
@@ -402,7 +407,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def _add_corpus_args(p, output_metavar: str, output_help: str) -> None:
     """The arguments of the commands that tokenize a corpus (create, index)."""
-    p.add_argument("-m", "--model", help="GGUF whose tokenizer to use (default: bundled SmolLM2)")
+    p.add_argument("-m", "--model", metavar="NAME|PATH", help="the tokenizer's " + MODEL_HELP)
     p.add_argument("-f", "--file", nargs="+", required=True, metavar="CORPUS", help="corpus text file(s)")
     p.add_argument("-o", "--output", required=True, metavar=output_metavar, help=output_help)
     p.add_argument("-t", "--threads", type=_int_in(1, max_workers(), "--threads"),
@@ -425,8 +430,9 @@ def _add_lookup_commands(sub) -> None:
     m.add_argument("-o", "--output", required=True, metavar="OUT", help="cache file to write")
     m.add_argument("--format", choices=("static", "llamacpp"),
                    help="output format (default: the first input's)")
-    m.add_argument("-m", "--model",
-                   help="GGUF, for the fingerprint when writing our format from llama.cpp files")
+    m.add_argument("-m", "--model", metavar="NAME|PATH",
+                   help="model (a name or a GGUF), for the fingerprint when writing our format from "
+                        "llama.cpp files")
     m.set_defaults(func=cmd_merge)
 
     st = sub.add_parser("stats", help="replay a text as if generated and report drafting (lookup-stats)")

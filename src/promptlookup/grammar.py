@@ -165,6 +165,15 @@ class Constraint:
         self.start = 0
         self.masks = 0  # masks computed (the benchmark's count)
 
+    def end(self, row: np.ndarray) -> int | None:
+        """The end-of-generation token the model ranks first in ``row`` (the lowest id on a tie; for
+        a chat model its turn's end, as ``<|im_end|>``), None where none is known."""
+        ids = [t for t in self._eog if 0 <= t < len(row)]
+        if not ids:
+            return None
+        values = np.asarray(row, dtype=np.float32)[ids]
+        return ids[int(np.argmax(values))]
+
     def reset(self, start: int) -> None:
         self._matcher.reset()
         self._consumed = []

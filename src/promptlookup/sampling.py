@@ -310,10 +310,15 @@ class Sampler:
                 ids, counts = np.unique(np.asarray(window, dtype=np.int64), return_counts=True)
                 row = np.array(row, dtype=np.float32, copy=row is logits)
                 row[ids] = _penalized(row[ids], counts, params)
-        constraint = self.constraint
+        constraint, end = self.constraint, None
         if constraint is not None and not constraint.sync(tokens, n):
-            constraint = None  # a row past a drafted end of generation: the loop never reads it
-        if params.greedy:
+            # a token before ``n`` that the grammar refuses: a drafted one (a row the loop never
+            # reads) or one its own mask let through; either way the reply ends here, as a stop,
+            # never free text after a broken grammar
+            constraint, end = None, constraint.end(row)
+        if end is not None:
+            tok = end
+        elif params.greedy:
             tok = int(np.argmax(row))
             # the argmax of the allowed ids is the plain argmax whenever that one is allowed
             if constraint is not None and not constraint.allows(tok):

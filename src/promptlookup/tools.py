@@ -16,6 +16,12 @@ Which format (:func:`detect_format`, from the template's text):
   ``<|python_tag|>``), or a JSON list of such objects.
 - anything else that mentions tools: refused, since we would not know how to read the reply.
 
+Where a format's tag is one token of the vocabulary (Qwen2.5's ``<tool_call>``, id 151657), a forced
+call's grammar asks for that token (:func:`tag_tokens`), and the reply's text writes it even where the
+backend writes no text for a special token (:func:`tag_renderer`). Under ``auto``, a reply with no
+call in the template's format that is only JSON calls of declared tools, bare or fenced, is calls too
+(:mod:`promptlookup.lenient`): what small tool models mostly write.
+
 ``tool_choice``: ``auto`` (the default with tools) lets the model answer or call, and a reply that
 does not parse as calls is its text (finish reason "stop"), never an error. ``required`` and a
 named function are forced by a grammar (:meth:`ToolFormat.grammar`): the format's wrapper around a
@@ -33,7 +39,7 @@ import json
 import re
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,6 +174,11 @@ def _json_literal(text: str) -> str:
     return json.dumps(text)
 
 
+def _tag(text: str, tag_ids: Mapping[str, int]) -> str:
+    """A tag in a lark grammar: its special token by id (llguidance's ``<[id]>``), else its text."""
+    return f"<[{int(tag_ids[text])}]>" if text in tag_ids else _json_literal(text)
+
+
 def _call_schema(tools: Sequence[Tool], args_key: str) -> dict[str, Any]:
     """The JSON schema of one call of any of ``tools``: ``{"name": <const>, args_key: parameters}``."""
     options = [{"type": "object",
@@ -182,10 +193,14 @@ class ToolFormat(ABC):
 
     name = ""
     args_key = "arguments"
+    TAGS: tuple[str, ...] = ()  # the marker texts of a call (each one token in the model's vocabulary?)
 
-    def grammar(self, tools: Sequence[Tool], choice: ToolChoice) -> Grammar:
+    def grammar(self, tools: Sequence[Tool], choice: ToolChoice,
+                tag_ids: Mapping[str, int] | None = None) -> Grammar:
         """The grammar of exactly one call of the allowed tool(s), refused by the tool's name when
-        its parameters are no schema llguidance can enforce."""
+        its parameters are no schema llguidance can enforce. ``tag_ids``: the format's tags that are
+        one special token of the model's vocabulary (:func:`special_tags`), written in the grammar
+        as that token, since a special token never matches text."""
         import llguidance
 
         allowed = [t for t in tools if choice.mode != "named" or t.name == choice.name]
@@ -193,7 +208,7 @@ class ToolFormat(ABC):
             if t in allowed:
                 Grammar.json_schema(t.parameters, kind="tool", param=f"tools.{i}.function.parameters")
         body = "%json " + json.dumps(_call_schema(allowed, self.args_key))
-        text = self.lark(body)
+        text = self.lark(body, dict(tag_ids or {}))
         try:
             grammar = llguidance.grammar_from("lark", text)
         except (ValueError, TypeError) as exc:
@@ -204,8 +219,9 @@ class ToolFormat(ABC):
         return Grammar(grammar, f"tool_choice {choice.mode}")
 
     @abstractmethod
-    def lark(self, call: str) -> str:
-        """The lark grammar of this format's wrapper around ``call`` (the call's JSON rule)."""
+    def lark(self, call: str, tag_ids: Mapping[str, int]) -> str:
+        """The lark grammar of this format's wrapper around ``call`` (the call's JSON rule), its tags
+        in ``tag_ids`` written as their token."""
 
     @abstractmethod
     def safe_prefix(self, text: str) -> int:
@@ -219,7 +235,7 @@ class ToolFormat(ABC):
         before the first call, as it was streamed (a prefix of ``text``)."""
 
 
-def _call_of(obj: Any, tools: Sequence[Tool], keys: Sequence[str]) -> ToolCall | None:
+def call_of(obj: Any, tools: Sequence[Tool], keys: Sequence[str]) -> ToolCall | None:
     """A :class:`ToolCall` of a decoded ``{"name": ..., key: {...}}``, when it names a known tool."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
@@ -248,9 +264,11 @@ class Hermes(ToolFormat):
 
     name = "hermes"
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
+    TAGS = (OPEN, CLOSE)
 
-    def lark(self, call: str) -> str:
-        return (f"start: {_json_literal(self.OPEN + chr(10))} call {_json_literal(chr(10) + self.CLOSE)}\n"
+    def lark(self, call: str, tag_ids: Mapping[str, int]) -> str:
+        nl = _json_literal("\n")
+        return (f"start: {_tag(self.OPEN, tag_ids)} {nl} call {nl} {_tag(self.CLOSE, tag_ids)}\n"
                 f"call: {call}\n")
 
     def safe_prefix(self, text: str) -> int:
@@ -276,7 +294,7 @@ class Hermes(ToolFormat):
                 obj, pos = _DECODER.raw_decode(text, pos)
             except ValueError:
                 return None
-            call = _call_of(obj, tools, ("arguments", "parameters"))
+            call = call_of(obj, tools, ("arguments", "parameters"))
             if call is None:
                 return None
             calls.append(call)
@@ -295,8 +313,9 @@ class Llama3(ToolFormat):
     name = "llama3"
     args_key = "parameters"
     TAG = "<|python_tag|>"
+    TAGS = (TAG,)
 
-    def lark(self, call: str) -> str:
+    def lark(self, call: str, tag_ids: Mapping[str, int]) -> str:
         return f"start: call\ncall: {call}\n"
 
     def safe_prefix(self, text: str) -> int:
@@ -320,7 +339,7 @@ class Llama3(ToolFormat):
         if body[end:].strip():
             return None
         objs = obj if isinstance(obj, list) else [obj]
-        calls = [_call_of(o, tools, ("parameters", "arguments")) for o in objs]
+        calls = [call_of(o, tools, ("parameters", "arguments")) for o in objs]
         if not calls or any(c is None for c in calls):
             return None
         return "", [c for c in calls if c is not None]
@@ -367,3 +386,39 @@ def format_for(backend: Any, param: str = "tools") -> ToolFormat:
         raise RequestError(f"{param}: the chat template mentions tools, but in no call format this "
                            "server parses (<tool_call> tags, or Llama 3's JSON with \"parameters\")", param)
     return fmt
+
+
+def tag_tokens(backend: Any, fmt: ToolFormat) -> dict[str, int]:
+    """The format's tags that are one token of ``backend``'s vocabulary (Qwen2.5's ``<tool_call>`` is
+    151657), by text. Such a tag is what the model was trained to write, so a forced call's grammar
+    asks for that token, and the reply's text must show it for the parser."""
+    out: dict[str, int] = {}
+    for text in fmt.TAGS:
+        ids = backend.tokenize(text, add_special=False, parse_special=True)
+        if len(ids) == 1:
+            out[text] = int(ids[0])
+    return out
+
+
+def tag_renderer(detokenize: Callable[[Sequence[int]], str], backend: Any,
+                 tags: Mapping[str, int]) -> Callable[[Sequence[int]], str]:
+    """``detokenize``, less its habit of dropping special tokens' text where a tag is one: llama.cpp
+    writes no text for a control token (``special=False``, as for ``<|im_end|>``), and a GGUF may
+    mark its tool tags so; then the tag is written back here, so the parser sees the call. Where the
+    backend already writes every tag (Qwen2.5's GGUF marks them user-defined), ``detokenize`` itself."""
+    render = {t: text for text, t in tags.items() if backend.detokenize([t]) != text}
+    if not render:
+        return detokenize
+
+    def rendered(ids: Sequence[int]) -> str:
+        if render.keys().isdisjoint(ids):
+            return detokenize(ids)
+        parts, start = [], 0
+        for i, t in enumerate(ids):
+            if t in render:
+                parts += [detokenize(ids[start:i]) if i > start else "", render[t]]
+                start = i + 1
+        parts.append(detokenize(ids[start:]) if start < len(ids) else "")
+        return "".join(parts)
+
+    return rendered

@@ -316,8 +316,8 @@ def run_doctor(model: str | os.PathLike[str] | None, threads: int | None, smoke_
     from promptlookup.backends.llama_cpp import MUL_MAT_COLS  # a constant: llama.cpp stays unloaded here
 
     if MUL_MAT_COLS in str(r.get("system_info", "")):
-        out("matmul: Q4_1 and Q8_0 weights take each row against up to 16 tokens at once (set-up's patch), "
-            "every result bit-identical to ggml's one-pair kernel (docs/exactness.md)")
+        out("matmul: Q4_1, Q5_0, Q8_0, Q4_K, Q6_K and F16 rows take up to 16 tokens at once (set-up's "
+            "patch), every result bit-identical to ggml's one-pair kernel (docs/exactness.md)")
     if not outcome.ok:
         out("verdict: UNHEALTHY: this llama.cpp build cannot be trusted here; rebuild with scripts/setup.sh "
             "(it falls back to an AVX2-only build when the host build fails)")

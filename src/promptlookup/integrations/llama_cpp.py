@@ -197,7 +197,8 @@ def speculative_llama(model_path: str | os.PathLike[str] | None = None,
     """A ``llama_cpp.Llama`` drafting with :class:`PromptLookupDraftModel`, built the way
     llama-cpp-python needs it for prompts and answers of any length (``logits_all=True``).
 
-    ``model_path`` defaults to the bundled SmolLM2; ``source``, ``num_pred_tokens``, ``history`` and
+    ``model_path``: a GGUF path or a model name (``"qwen2.5-coder-0.5b"``: ``promptlookup models``),
+    by default the bundled SmolLM2; ``source``, ``num_pred_tokens``, ``history`` and
     ``corpus`` go to the draft model (which reads the same GGUF's vocabulary and cost curve); every
     other keyword (``n_ctx``, ``n_threads``, ``verbose``, ...) goes to ``Llama``."""
     import llama_cpp
