@@ -164,6 +164,7 @@ class Session:
     requests: int = 0
     completion_tokens: int = 0
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens the server reported as reused from its cache
     calls: int = 0
     drafted: int | None = None
     accepted: int | None = None
@@ -184,6 +185,12 @@ def _drafts(raw: dict[str, Any]) -> tuple[int, int] | None:
     if "draft_n" in t:
         return int(t["draft_n"]), int(t.get("draft_n_accepted", 0))
     return None
+
+
+def _cached(usage: Any) -> int:
+    """``usage.prompt_tokens_details.cached_tokens``, 0 where the server does not say."""
+    details = getattr(usage, "prompt_tokens_details", None)
+    return int(getattr(details, "cached_tokens", 0) or 0)
 
 
 def run_session(client: Any, model: str, task: dict[str, Any], row: str, max_steps: int, max_tokens: int,
@@ -216,6 +223,7 @@ def run_session(client: Any, model: str, task: dict[str, Any], row: str, max_ste
             if resp.usage is not None:
                 s.completion_tokens += resp.usage.completion_tokens
                 s.prompt_tokens += resp.usage.prompt_tokens
+                s.cached_tokens += _cached(resp.usage)
             d = _drafts(raw)
             if d is not None:
                 s.drafted, s.accepted = (s.drafted or 0) + d[0], (s.accepted or 0) + d[1]
@@ -266,6 +274,7 @@ def run_prompt(client: Any, model: str, item: dict[str, Any], row: str, max_toke
     s.requests = 1
     if resp.usage is not None:
         s.completion_tokens, s.prompt_tokens = resp.usage.completion_tokens, resp.usage.prompt_tokens
+        s.cached_tokens = _cached(resp.usage)
     d = _drafts(resp.model_dump())
     if d is not None:
         s.drafted, s.accepted = d
@@ -451,7 +460,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     def emit(s: Session) -> None:
         verdict = ("" if s.valid is None else f", checker {'pass' if s.valid else 'fail'}"
                    + (f" ({s.error_type})" if s.error_type else ""))
-        print(f"  {s.task}: {s.wall_s:.1f} s, {s.requests} requests, {s.completion_tokens} tokens, "
+        print(f"  {s.task}: {s.wall_s:.1f} s, {s.requests} requests, {s.prompt_tokens} prompt tokens "
+              f"({s.cached_tokens} cached), {s.completion_tokens} tokens, "
               f"{s.calls} calls{verdict}" + (f"; {s.failed}" if s.failed else ""), file=sys.stderr,
               flush=True)
         sessions.append(s)
