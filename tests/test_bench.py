@@ -21,6 +21,7 @@ from promptlookup.measure.bench import (
     geomean,
     paired_ratios,
     parse_cell,
+    pooled,
     summary,
     table,
 )
@@ -43,6 +44,22 @@ def test_parse_cell():
 def _run(cell: str, rnd: int, tokens: int, decode_s: float) -> CellRun:
     c = Counters(source=cell, generated_tokens=tokens, decodes=tokens - 1, decode_s=decode_s)
     return CellRun("w", parse_cell(cell), rnd, c, True, decode_s)
+
+
+def test_pooled_row_over_items():
+    def run(w: str, cell: str, rnd: int, decode_s: float) -> CellRun:
+        counters = Counters(generated_tokens=100, decodes=99, decode_s=decode_s)
+        return CellRun(w, parse_cell(cell), rnd, counters, True, decode_s)
+
+    runs = [run("w1", "off", 1, 1.0), run("w1", "ngram", 1, 0.5), run("w1", "ngram", 2, 0.5),
+            run("w1", "off", 2, 1.0), run("w2", "off", 1, 1.0), run("w2", "ngram", 1, 1.25)]
+    assert pooled(runs[:4]) == ""  # one workload: its summary says it all
+    # items: w1 2.0 (both rounds), w2 0.8; geomean sqrt(1.6) = 1.265; a bootstrap over two items lands
+    # on 0.8, 1.265 or 2.0. Pooled rate: 300 tokens over 0.5 + 0.5 + 1.25 s = 133.33 tok/s.
+    assert pooled(runs).splitlines()[2:] == [
+        "| off | 2 | 1.000x | 1.000-1.000 (n=2) | 100.00 | 3/3 |",
+        "| ngram | 2 | 1.265x | 0.800-2.000 (n=2) | 133.33 | 3/3 |",
+    ]
 
 
 def test_summary_band_and_oracle_share(tmp_path):

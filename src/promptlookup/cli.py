@@ -769,6 +769,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 print(bench.table(done) + "\n\n" + bench.summary(done) + "\n")
             raise
     md = bench.table(runs) + "\n\n" + bench.summary(runs, oracles, replays) + "\n"
+    if pooled := bench.pooled(runs):  # a suite of items (a folder of prompts): one row per cell
+        md += "\n" + pooled + "\n"
     if not sampler.argmax_only:
         md = f"{_sampling_line(sampler.params, sampler.seed)}; every run uses this seed\n\n{md}"
     print(md)

@@ -385,6 +385,39 @@ def summary(runs: Sequence[CellRun], oracles: dict[str, float] | None = None,
     return "\n".join(out)
 
 
+def pooled(runs: Sequence[CellRun]) -> str:
+    """One row per cell over every workload of the run (the items of a suite, e.g. the 30 code
+    edits of benchmarks/workloads/real): each item's paired ratio to off (the geometric mean over
+    its rounds), their geometric mean with a 95% bootstrap interval **over items** (an item is the
+    unit a user's traffic varies by; its rounds are not independent of each other), the pooled rate
+    (all the cell's generated tokens over all its decode and drafting seconds: long answers weigh
+    more, as in a day's traffic), and how many of its runs gave the plain text. Empty with fewer
+    than two workloads: the summary already says it all."""
+    workloads = list(dict.fromkeys(r.workload for r in runs))
+    if len(workloads) < 2:
+        return ""
+    head = ("| pooled over workloads | items | paired vs off (geomean of items) | 95% CI (items) | "
+            "pooled effective tok/s | identical to plain |")
+    out = [head, "|" + "---|" * head.count(" |")]
+    for label in dict.fromkeys(r.cell.label for r in runs):
+        mine = [r for r in runs if r.cell.label == label]
+        per_item = ([x for x in paired_ratios(runs, w, label) if x > 0] for w in workloads)
+        items = [geomean(xs) for xs in per_item if xs]
+        if items:
+            lo, hi = bootstrap_ci(items)
+            ratio, ci = f"{geomean(items):.3f}x", f"{lo:.3f}-{hi:.3f} (n={len(items)})"
+        else:
+            ratio = ci = "-"
+        tokens = sum(r.counters.generated_tokens for r in mine)
+        spent = sum(r.counters.decode_s + r.counters.draft_s for r in mine)
+        known = [r.identical for r in mine if r.identical is not None]
+        ident = f"{sum(known)}/{len(known)}" if known else "-"
+        n = len({r.workload for r in mine})
+        rate = tokens / spent if spent > 0 else 0.0
+        out.append(f"| {label} | {n} | {ratio} | {ci} | {rate:.2f} | {ident} |")
+    return "\n".join(out)
+
+
 # Columns of a run's CSV row, fixed before the first run so each row can be written when its run ends.
 EXTRA_KEYS = ("calibration", "auto_steps", "plain_probes", "asked")
 CSV_KEYS = ("workload", "cell", "round", "identical", "wall_s", *EXTRA_KEYS, *Counters().as_dict())

@@ -1,0 +1,485 @@
+"""Real workloads against OpenAI-compatible servers (issue 41): agent sessions, code edits, summaries.
+
+``--workload fast_apply`` or ``summaries``: each item's prompt is one chat request (temperature 0);
+per item the wall seconds, completion tokens, and for fast_apply whether the reply is exactly the
+expected file (the "checker" column). ``--workload agents`` (the default) runs sessions:
+
+Each task (``benchmarks/workloads/real/agents.py`` builds them: ``multi_turn_base`` and
+``multi_turn_miss_func`` of ``bfcl-eval``) is run as an agent runs it, through the official
+``openai`` client: the task's user turns in order, each request carrying the tools and the whole
+conversation so far; every call the model returns is executed in BFCL's own simulator of that API
+(a file system, a trading bot, ... loaded with the task's initial state) and its result goes back
+as a ``role: tool`` message; a turn ends when the model answers in text (or returns arguments that
+are not JSON, as BFCL's handler does), a session after ``--max-steps`` requests in one turn (BFCL's
+limit is 20; the session is then "force-terminated" and fails). A held-out tool (miss_func) is added
+at its turn, whose user message is BFCL's "I have updated some more functions...".
+
+Per session: wall seconds (the whole session, tools included: what a user waits), requests,
+completion and prompt tokens (``usage``), calls made, drafted/accepted tokens where the server
+reports them, and **BFCL's checker verdict** (``multi_turn_checker`` of the installed bfcl-eval,
+called on the calls made, as ``bfcl evaluate`` does: after every turn the simulators' states must
+equal those the ground-truth calls leave, and the ground truth's results must be among the model's).
+"identical" says whether a session's every reply (text and calls) equals the first row's: greedy
+speculation on our server must give "yes" against ``ours-off``; another engine may differ, and its
+checker score is reported as it is.
+
+Rows (``--rows``, in order; each server is started here on a free 127.0.0.1 port, warmed up by one
+tiny untimed request, and stopped; or ``--url`` for one server already running, named by ``--label``):
+
+- ``ours-off``  ``python -m promptlookup serve -m MODEL --speculate off --parallel 1``
+- ``ours``      the same with ``--speculate auto`` (the default)
+- ``ls``        llama.cpp's ``llama-server --jinja -np 1`` (its template engine and tool-call parser)
+- ``ls-spec``   the same with its n-gram speculation (``--spec-default``)
+
+llama-server is built from the llama.cpp that llama-cpp-python vendors, with set-up's ISA flags
+(``benchmarks/llama_tools.py``; ~19 min on 2 cores, once):
+
+    .venv/bin/python -c "import sys; sys.path.insert(0, 'benchmarks'); import llama_tools; \\
+        print(llama_tools.ensure_server())"
+
+Run (build the workloads first: ``python benchmarks/workloads/real/build.py --only agents``):
+
+    .venv/bin/python benchmarks/serve_real.py \\
+        -m ~/.cache/promptlookup/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \\
+        --rows ours-off,ours,ls,ls-spec [--workload agents|fast_apply|summaries] [--tasks N] \\
+        [--jsonl FILE] [--md FILE]
+
+The rows run one after another (a row's server holds the model while its tasks run); --url runs
+one row against a server started elsewhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib
+import inspect
+import json
+import keyword
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE / "workloads"))
+from real.agents import ADDED_FUNCTIONS_PROMPT  # noqa: E402
+from real.common import WorkloadError, read_jsonl, workloads_root  # noqa: E402
+from real.sources import site_dir, site_ready  # noqa: E402
+
+OUR_SRC = HERE.parent / "src"
+ROW_KEYS = ("ours-off", "ours", "ls", "ls-spec")
+WORKLOADS = {"agents": 512, "fast_apply": 2048, "summaries": 384}  # workload -> default max_tokens
+SIM_PREFIX = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code"
+# class -> simulator module (bfcl_eval.constants.executable_backend_config.CLASS_FILE_PATH_MAPPING)
+SIM_MODULES = {"GorillaFileSystem": "gorilla_file_system", "MathAPI": "math_api", "MessageAPI": "message_api",
+               "TwitterAPI": "posting_api", "TicketAPI": "ticket_api", "TradingBot": "trading_bot",
+               "TravelAPI": "travel_booking", "VehicleControlAPI": "vehicle_control"}
+STATELESS = {"MathAPI"}
+
+
+def _request_errors() -> tuple[type[BaseException], ...]:
+    """What a failed request raises: the openai client's API errors (when it is installed)."""
+    try:
+        import openai
+    except ImportError:
+        return ()
+    return (openai.APIError,)
+
+
+REQUEST_ERRORS = _request_errors()
+
+
+def use_site(site: Path | None = None) -> Path:
+    """Put the workloads' site (bfcl-eval, mpmath) on sys.path; an error saying how to make it."""
+    site = site or site_dir()
+    if not site_ready(site):
+        raise WorkloadError(f"{site}: the workloads' site is not installed; run "
+                            "python benchmarks/workloads/real/build.py --only agents")
+    if str(site) not in sys.path:
+        sys.path.insert(0, str(site))
+    return site
+
+
+class Simulator:
+    """The task's APIs as BFCL runs them: one instance per class, loaded with the initial state;
+    a call runs the public method of that name and its result becomes text as in BFCL's
+    ``execute_multi_turn_func_call`` (a dict as JSON, an error as "Error during execution: ...")."""
+
+    def __init__(self, task: dict[str, Any]) -> None:
+        self.instances: dict[str, Any] = {}
+        self.methods: dict[str, Any] = {}
+        for cls in task["involved_classes"]:
+            module = importlib.import_module(f"{SIM_PREFIX}.{SIM_MODULES[cls]}")
+            inst = getattr(module, cls)()
+            if cls not in STATELESS:
+                inst._load_scenario(copy.deepcopy(task["initial_config"].get(cls, {})), long_context=False)
+            self.instances[cls] = inst
+            for name, method in inspect.getmembers(inst, predicate=inspect.ismethod):
+                if not name.startswith("_"):
+                    self.methods[name] = method
+
+    def call(self, name: str, args: dict[str, Any]) -> str:
+        if name not in self.methods:
+            return f"Error during execution: name '{name}' is not defined"
+        try:
+            result = self.methods[name](**args)
+        except Exception as exc:  # the simulator's own error is the tool's answer, as in BFCL
+            return f"Error during execution: {exc}"
+        if isinstance(result, str):
+            return result
+        if isinstance(result, dict):
+            try:
+                return json.dumps(result)
+            except (TypeError, ValueError):
+                return str(result)
+        return str(result)
+
+
+def call_string(name: str, args: dict[str, Any]) -> str:
+    """A call as BFCL's OpenAI handler decodes it (``decode_execute``): ``name(k=repr(v),...)``."""
+    return f"{name}({','.join(f'{k}={v!r}' for k, v in args.items())})"
+
+
+def checkable(sim: Simulator, name: str, args: dict[str, Any]) -> bool:
+    """Whether a call may go to BFCL's checker, which ``eval``s the call strings: only a simulator
+    method with identifier keywords (the values, parsed from JSON, are literals and their ``repr``
+    is one). Anything else (``exec``, a keyword holding code) could not have been a valid call: the
+    simulator answered it with an error, and the checker never sees it."""
+    return name in sim.methods and all(k.isidentifier() and not keyword.iskeyword(k) for k in args)
+
+
+@dataclass
+class Session:
+    task: str
+    row: str
+    wall_s: float = 0.0
+    requests: int = 0
+    completion_tokens: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens the server reported as reused from its cache
+    calls: int = 0
+    drafted: int | None = None
+    accepted: int | None = None
+    force_quit: bool = False
+    failed: str = ""  # a request the server refused or did not answer (the session stopped there)
+    valid: bool | None = None
+    error_type: str = ""
+    identical: bool | None = None
+    replies: list[Any] = field(default_factory=list)  # per request: (text, [(name, arguments)])
+    decoded: list[list[list[str]]] = field(default_factory=list)  # per turn, per step: call strings
+
+
+def _drafts(raw: dict[str, Any]) -> tuple[int, int] | None:
+    """(drafted, accepted) tokens of one response: our ``counters`` or llama-server's ``timings``."""
+    c, t = raw.get("counters") or {}, raw.get("timings") or {}
+    if "drafted_tokens" in c:
+        return int(c["drafted_tokens"]), int(c.get("accepted_tokens", 0))
+    if "draft_n" in t:
+        return int(t["draft_n"]), int(t.get("draft_n_accepted", 0))
+    return None
+
+
+def _cached(usage: Any) -> int:
+    """``usage.prompt_tokens_details.cached_tokens``, 0 where the server does not say."""
+    details = getattr(usage, "prompt_tokens_details", None)
+    return int(getattr(details, "cached_tokens", 0) or 0)
+
+
+def run_session(client: Any, model: str, task: dict[str, Any], row: str, max_steps: int, max_tokens: int,
+                extra_body: dict[str, Any] | None = None) -> Session:
+    """One task, turn by turn, every call executed; the checker is :func:`check`'s."""
+    sim = Simulator(task)
+    tools = list(task["tools"])
+    messages: list[dict[str, Any]] = []
+    s = Session(task["id"], row)
+    t0 = time.perf_counter()
+    for turn, user_msgs in enumerate(task["turns"]):
+        if str(turn) in task["held_out"]:
+            tools = [*tools, *task["held_out"][str(turn)]]
+            user_msgs = [{"role": "user", "content": ADDED_FUNCTIONS_PROMPT}]
+        messages.extend(user_msgs)
+        steps: list[list[str]] = []
+        for step in range(max_steps + 1):
+            if step == max_steps:
+                s.force_quit = True
+                break
+            try:
+                resp = client.chat.completions.create(model=model, messages=messages, tools=tools,
+                                                      temperature=0, max_tokens=max_tokens,
+                                                      extra_body=extra_body or None)
+            except REQUEST_ERRORS as exc:  # e.g. the conversation outgrew the context: record, go on
+                s.failed = f"{type(exc).__name__}: {exc}"[:300]
+                break
+            raw = resp.model_dump()
+            s.requests += 1
+            if resp.usage is not None:
+                s.completion_tokens += resp.usage.completion_tokens
+                s.prompt_tokens += resp.usage.prompt_tokens
+                s.cached_tokens += _cached(resp.usage)
+            d = _drafts(raw)
+            if d is not None:
+                s.drafted, s.accepted = (s.drafted or 0) + d[0], (s.accepted or 0) + d[1]
+            msg = resp.choices[0].message
+            calls = [(c.function.name, c.function.arguments) for c in msg.tool_calls or []]
+            s.replies.append([msg.content, calls])
+            if not calls:
+                messages.append({"role": "assistant", "content": msg.content or ""})
+                break
+            try:
+                parsed = [json.loads(a) if a else {} for _, a in calls]
+            except json.JSONDecodeError:
+                parsed = None
+            messages.append({"role": "assistant", "content": msg.content,
+                             "tool_calls": [{"id": c.id, "type": "function",
+                                             "function": {"name": c.function.name,
+                                                          "arguments": c.function.arguments}}
+                                            for c in msg.tool_calls]})
+            if parsed is None or not all(isinstance(p, dict) for p in parsed):
+                break  # BFCL: a reply that does not decode ends the turn (no result is sent back)
+            strings = []
+            for c, (name, _), args in zip(msg.tool_calls, calls, parsed, strict=True):
+                messages.append({"role": "tool", "tool_call_id": c.id, "content": sim.call(name, args)})
+                if checkable(sim, name, args):
+                    strings.append(call_string(name, args))
+                s.calls += 1
+            steps.append(strings)
+        s.decoded.append(steps)
+        if s.force_quit or s.failed:
+            break
+    s.wall_s = time.perf_counter() - t0
+    return s
+
+
+def run_prompt(client: Any, model: str, item: dict[str, Any], row: str, max_tokens: int) -> Session:
+    """One prompt item as one chat request; ``valid`` says whether a fast_apply reply is exactly
+    the expected file (None for summaries: a paraphrase is no error)."""
+    s = Session(item["id"], row)
+    t0 = time.perf_counter()
+    try:
+        messages = [{"role": "user", "content": item["prompt"]}]
+        resp = client.chat.completions.create(model=model, messages=messages, temperature=0,
+                                              max_tokens=max_tokens)
+    except REQUEST_ERRORS as exc:
+        s.failed, s.valid = f"{type(exc).__name__}: {exc}"[:300], False
+        return s
+    s.wall_s = time.perf_counter() - t0
+    s.requests = 1
+    if resp.usage is not None:
+        s.completion_tokens, s.prompt_tokens = resp.usage.completion_tokens, resp.usage.prompt_tokens
+        s.cached_tokens = _cached(resp.usage)
+    d = _drafts(resp.model_dump())
+    if d is not None:
+        s.drafted, s.accepted = d
+    text = resp.choices[0].message.content or ""
+    s.replies.append([text, []])
+    if item.get("workload") == "fast_apply":
+        s.valid = text.strip() == item["expected"].strip()
+    return s
+
+
+def check(task: dict[str, Any], s: Session) -> tuple[bool, str]:
+    """BFCL's verdict on a session: force-terminated fails, else ``multi_turn_checker``."""
+    if s.failed:
+        return False, "request failed"
+    if s.force_quit or len(s.decoded) != len(task["ground_truth"]):
+        return False, "multi_turn:force_terminated"
+    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
+
+    entry = {"id": task["id"], "initial_config": task["initial_config"],
+             "involved_classes": task["involved_classes"]}
+    # the checker keeps its simulator instances in globals keyed by this name: one per check
+    name = f"serve_real_{uuid.uuid4().hex[:12]}"
+    try:
+        result = multi_turn_checker(s.decoded, task["ground_truth"], entry, task["category"], name)
+    except AssertionError as exc:
+        return False, f"checker assertion: {exc}"[:200]
+    return bool(result["valid"]), result.get("error_type", "")
+
+
+# -- servers ---------------------------------------------------------------------------------------
+def row_argv(key: str, args: argparse.Namespace) -> list[str]:
+    model, t, ctx = str(args.model), str(args.threads), str(args.ctx)
+    ours = [sys.executable, "-m", "promptlookup", "serve", "-m", model, "-t", t, "-c", ctx, "--parallel", "1",
+            "--host", "127.0.0.1"]
+    if key == "ours-off":
+        return [*ours, "--speculate", "off"]
+    if key == "ours":
+        return [*ours, "--speculate", args.speculate]
+    server = args.llama_server or _default_llama_server()
+    ls = [str(server), "-m", model, "-t", t, "-tb", t, "-c", ctx, "-np", "1", "--jinja",
+          "--host", "127.0.0.1"]
+    return ls if key == "ls" else [*ls, "--spec-default"]
+
+
+def _default_llama_server() -> Path:
+    import llama_tools
+
+    path = llama_tools.bin_dir() / "llama-server"
+    if not path.is_file():
+        raise SystemExit(f"serve_real: error: no llama-server at {path}; build it (once, ~19 min): "
+                         ".venv/bin/python -c \"import sys; sys.path.insert(0, 'benchmarks'); "
+                         "import llama_tools; print(llama_tools.ensure_server())\", or pass --llama-server")
+    return path
+
+
+def run_row(key: str, base_url: str | None, tasks: list[dict[str, Any]], args: argparse.Namespace,
+            logdir: Path, emit) -> list[Session]:
+    from openai import OpenAI
+
+    def go(url: str) -> list[Session]:
+        client = OpenAI(base_url=url, api_key="none", timeout=args.request_timeout, max_retries=0)
+        model = client.models.list().data[0].id
+        client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}],
+                                       max_tokens=4, temperature=0)  # warm-up, untimed
+        out = []
+        for i, task in enumerate(tasks, 1):
+            print(f"[{key}] {i}/{len(tasks)} {task['id']}", file=sys.stderr, flush=True)
+            if args.workload == "agents":
+                s = run_session(client, model, task, key, args.max_steps, args.max_tokens)
+                s.valid, s.error_type = check(task, s)
+            else:
+                s = run_prompt(client, model, task, key, args.max_tokens)
+            out.append(s)
+            emit(s)
+        return out
+
+    if base_url:
+        return go(base_url)
+    from serve_session import RowSpec, Server
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(OUR_SRC), *filter(None, [env.get("PYTHONPATH")])])
+    spec = RowSpec(key, key, row_argv(key, args), env)
+    with Server(spec, logdir / f"{key}.log", args.start_timeout) as server:
+        return go(f"http://127.0.0.1:{server.port}/v1")
+
+
+# -- report ----------------------------------------------------------------------------------------
+def mark_identical(sessions: list[Session]) -> None:
+    """Each session's ``identical``: all its replies equal the first row's session of that task."""
+    first: dict[str, Session] = {}
+    for s in sessions:
+        ref = first.setdefault(s.task, s)
+        s.identical = None if ref is s else s.replies == ref.replies
+
+
+def table(sessions: list[Session]) -> str:
+    from promptlookup.measure.bench import bootstrap_ci, geomean
+
+    rows = list(dict.fromkeys(s.row for s in sessions))
+    base = {s.task: s.wall_s for s in sessions if s.row == rows[0]}
+    checked = [s.valid for s in sessions if s.valid is not None]
+    head = ("| row | tasks | checker pass | identical to first row | session wall s (sum) | median | "
+            f"wall vs {rows[0]} (geomean, 95% CI over tasks) | requests | completion tokens | calls | "
+            "tok/s | accepted/drafted |")
+    out = [head, "|" + "---|" * head.count(" |")]
+    for r in rows:
+        mine = [s for s in sessions if s.row == r]
+        ident = [s.identical for s in mine if s.identical is not None]
+        ratios = [base[s.task] / s.wall_s for s in mine if s.task in base and s.wall_s > 0]
+        vs = "-"
+        if r != rows[0] and ratios:
+            lo, hi = bootstrap_ci(ratios)
+            vs = f"{geomean(ratios):.3f}x ({lo:.3f}-{hi:.3f}, n={len(ratios)})"
+        wall = sum(s.wall_s for s in mine)
+        tokens = sum(s.completion_tokens for s in mine)
+        drafted = [s for s in mine if s.drafted is not None]
+        acc = (f"{sum(s.accepted or 0 for s in drafted)}/{sum(s.drafted or 0 for s in drafted)}"
+               if drafted else "-")
+        passed = f"{sum(bool(s.valid) for s in mine)}/{len(mine)}" if checked else "-"
+        failed = sum(bool(s.failed) for s in mine)
+        requests = f"{sum(s.requests for s in mine)}" + (f" ({failed} sessions failed)" if failed else "")
+        out.append(f"| {r} | {len(mine)} | {passed} | "
+                   f"{f'{sum(ident)}/{len(ident)}' if ident else '-'} | {wall:.1f} | "
+                   f"{statistics.median(s.wall_s for s in mine):.1f} | {vs} | "
+                   f"{requests} | "
+                   f"{tokens} | {sum(s.calls for s in mine)} | {tokens / wall if wall else 0:.2f} | {acc} |")
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-m", "--model", type=Path, help="GGUF for the servers started here")
+    ap.add_argument("--rows", default="ours-off,ours", help=f"comma-separated, of {', '.join(ROW_KEYS)}")
+    ap.add_argument("--url", help="a running server's base URL (http://HOST:PORT/v1) instead of --rows")
+    ap.add_argument("--label", default="server", help="the --url row's name")
+    ap.add_argument("--workload", choices=WORKLOADS, default="agents")
+    ap.add_argument("--items", type=Path, default=None,
+                    help="the workload's items.jsonl (default <workloads>/real/WORKLOAD/items.jsonl)")
+    ap.add_argument("--tasks", type=int, default=0, help="the first N tasks only (0: all)")
+    ap.add_argument("--ids", default="", help="comma-separated task ids to run (instead of --tasks)")
+    ap.add_argument("--max-steps", type=int, default=20,
+                    help="requests per turn before a force-quit (BFCL: 20)")
+    ap.add_argument("--max-tokens", type=int, default=None,
+                    help="max_tokens of every request (default: agents 512, fast_apply 2048, summaries 384)")
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-c", "--ctx", type=int, default=16384, help="context of the servers started here")
+    ap.add_argument("--speculate", default="auto", help="the ours row's --speculate (default auto)")
+    ap.add_argument("--llama-server", type=Path, help="llama-server binary (default: llama_tools' build)")
+    ap.add_argument("--start-timeout", type=float, default=300)
+    ap.add_argument("--request-timeout", type=float, default=900)
+    ap.add_argument("--jsonl", type=Path, help="write every session's record (rewritten after each)")
+    ap.add_argument("--md", type=Path, help="write the table")
+    args = ap.parse_args(argv)
+    args.max_tokens = args.max_tokens or WORKLOADS[args.workload]
+    keys = [args.label] if args.url else [k.strip() for k in args.rows.split(",") if k.strip()]
+    if not args.url:
+        bad = [k for k in keys if k not in ROW_KEYS]
+        if bad or not keys:
+            ap.error(f"--rows: unknown row {bad[0] if bad else '(none)'!r} (known: {', '.join(ROW_KEYS)})")
+        if args.model is None or not args.model.is_file():
+            ap.error(f"--model: no GGUF at {args.model} (the servers started here need one)")
+    try:
+        if args.workload == "agents":
+            use_site()
+        items = read_jsonl(args.items or workloads_root() / "real" / args.workload / "items.jsonl")
+    except WorkloadError as exc:
+        print(f"serve_real: error: {exc}", file=sys.stderr)
+        return 2
+    if args.ids:
+        wanted = [i.strip() for i in args.ids.split(",") if i.strip()]
+        by_id = {t["id"]: t for t in items}
+        missing = [i for i in wanted if i not in by_id]
+        if missing:
+            ap.error(f"--ids: no task {missing[0]!r} in the items")
+        items = [by_id[i] for i in wanted]
+    elif args.tasks:
+        items = items[:args.tasks]
+    from promptlookup.fileio import atomic_write_text
+
+    sessions: list[Session] = []
+
+    def emit(s: Session) -> None:
+        verdict = ("" if s.valid is None else f", checker {'pass' if s.valid else 'fail'}"
+                   + (f" ({s.error_type})" if s.error_type else ""))
+        print(f"  {s.task}: {s.wall_s:.1f} s, {s.requests} requests, {s.prompt_tokens} prompt tokens "
+              f"({s.cached_tokens} cached), {s.completion_tokens} tokens, "
+              f"{s.calls} calls{verdict}" + (f"; {s.failed}" if s.failed else ""), file=sys.stderr,
+              flush=True)
+        sessions.append(s)
+        if args.jsonl:
+            atomic_write_text(args.jsonl, "".join(json.dumps(asdict(x)) + "\n" for x in sessions))
+
+    with tempfile.TemporaryDirectory(prefix="serve_real-") as logdir:
+        for key in keys:
+            run_row(key, args.url, items, args, Path(logdir), emit)
+    mark_identical(sessions)
+    if args.jsonl:
+        atomic_write_text(args.jsonl, "".join(json.dumps(asdict(x)) + "\n" for x in sessions))
+    md = table(sessions)
+    print(md)
+    if args.md:
+        atomic_write_text(args.md, md + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
