@@ -106,7 +106,7 @@ def choose_context(train: int | None, per_token: int | None, available: int | No
 def _line(want: tuple[int, int], got: tuple[int, int], train: int | None, per_token: int | None,
           available: int | None, slots: bool) -> str:
     def what(n: int, p: int) -> str:
-        return f"{n} tokens x {p} slots" if slots else f"{n} tokens"
+        return f"{n} tokens x {p} slot{'s' * (p != 1)}" if slots else f"{n} tokens"
 
     if not train:
         origin = "the model file does not give its training context"
@@ -122,12 +122,18 @@ def _line(want: tuple[int, int], got: tuple[int, int], train: int | None, per_to
         return f"context: {what(*got)} ({origin}; {caches} {took}; the memory available is not known)"
     if got == want:
         return f"context: {what(*got)} ({origin}; {caches} {took} of the {size(available)} available)"
-    head = f"context: {what(*got)}, not {what(*want)} ({origin})"
+    if got[0] == want[0]:
+        instead = f"{want[1]} slots"
+    elif got[1] == want[1]:
+        instead = f"{want[0]} tokens"
+    else:
+        instead = f"{want[0]} x {want[1]}"
+    head = f"context: {what(*got)}, not {instead} ({origin})"
     if got[0] * got[1] * per_token <= KV_MEMORY_SHARE * available:
         return (f"{head}, to keep the {caches} at {took}, within a quarter of the {size(available)} of "
                 "memory available")
-    return (f"{head}: the least the default takes, and its {caches} of {took} are more than a quarter of "
-            f"the {size(available)} of memory available")
+    return (f"{head}: the least the default takes, though its {caches} of {took} take{'' if slots else 's'} "
+            f"more than a quarter of the {size(available)} of memory available")
 
 
 def default_context(backend: str, model: str | os.PathLike[str] | None, *, n_ctx: int | None = None,
