@@ -16,16 +16,15 @@ machine and the server's own work keep the rest. Where it is short, a server fir
 single sequence gives up context down to :data:`FLOOR`. The default never goes below :data:`FLOOR`
 (the old default, which the memory check at load refuses only where it always did).
 
-What a long context costs a short run (measured on the 2-core development machine, Qwen2.5-Coder
-0.5B Q4_K_M, ``-t 1``/``-t 2``, one process holding both contexts and timing them in turn, so the
-machine's load hits both alike): decode 82.1 ms a token at 4,096 and 83.5 at 32,768 (medians of 5
-runs of 32 tokens), prefill of 800 tokens within the runs' spread (20.0-31.0 s against 16.4-31.1 s),
-loading 0.35-0.55 s against 0.56-0.80 s, and resident memory 754-757 MiB against 1,091 MiB after
-loading (the 336 MiB of the larger KV cache, which llama.cpp clears, so touches, at load). llama.cpp
-attends only over the cells in use (rounded up to 256), so time does not grow with the context
-allocated; memory does, which is why the KV cache is bounded by the memory share. Flash attention's
-automatic choice (``flash_attention_default``, on only up to 512 positions) was already off at 4,096,
-so the larger default changes nothing there.
+What a long context costs a short run (``python benchmarks/context_cost.py -m qwen2.5-coder-0.5b
+-t 1`` on the shared 2-core development machine, 2026-12-04; both contexts timed in turn in one
+process, so the machine's load hits both alike, medians of 5): decode 67.7 ms a token at 4,096 and
+66.8 at 32,768, a 256-token prefill 4.13 s and 4.24 s, loading 0.60 s and 0.89 s, and resident
+memory after loading 616 MiB and 954 MiB (the 336 MiB of the larger KV cache, which llama.cpp
+clears, so touches, at load). llama.cpp attends only over the cells in use (rounded up to 256), so
+time does not grow with the context allocated; memory does, which is why the KV cache is held to
+the memory share. Flash attention's automatic choice (``flash_attention_default``: on only up to
+512 positions a sequence) was already off at 4,096, so the larger default changes nothing there.
 
 :func:`choose_context` is the rule, a pure function of the model's numbers and the memory figure;
 :func:`default_context` reads them (the GGUF's metadata, without loading it; ``/proc/meminfo``).
