@@ -146,8 +146,9 @@ def test_the_qwen_ggufs_say_32768_positions(name, expected):
 def test_a_bfcl_sized_prompt_fits_the_default_context():
     """A chat with BFCL's 32 tools is 4,484 tokens before its first turn: the old default of 4096
     refused it (a 400 through serve); the bundled model's default is its training context, 8192.
-    (Generating after that prompt takes 127 s on the shared 2-core machine, so the check is the
-    engine's own refusal, not a prefill.)"""
+    (Generating one token after that prompt took 127 s on the shared 2-core machine, 2026-12-04:
+    ``Engine(speculate="off", threads=2).generate(ids, max_tokens=1)``, which passed; so the test
+    checks the engine's own refusal, not a prefill.)"""
     from promptlookup.api import Engine, RequestError
     from promptlookup.errors import check_prompt_fits
 
