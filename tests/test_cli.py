@@ -380,3 +380,51 @@ def test_serve_decodes_16_requests_together_by_default_fewer_where_their_caches_
     assert default_parallel("llama.cpp", None, 4096)[0] == 1  # the engine refuses it when it loads
     monkeypatch.setattr(models, "available_memory", lambda: None)  # not Linux: no figure to size by
     assert default_parallel("llama.cpp", None, 4096) == (16, None)
+
+
+@requires_model
+@pytest.mark.model
+def test_generate_and_bench_say_how_the_context_was_sized(capsys, monkeypatch, tmp_path):
+    from promptlookup.backends import models
+
+    monkeypatch.setattr(models, "available_memory", lambda: 24 << 30)
+    line = "context: 8192 tokens (the model's training context; KV cache 180 MiB of the 24.0 GiB available)"
+    code, out, err = run_main(capsys, "generate", "--speculate", "off", "-n", "2", "-t", "1", "-p", "hi")
+    assert code == 0 and err.splitlines().count(line) == 1
+    code, out, err = run_main(capsys, "generate", "--speculate", "off", "-n", "2", "-t", "1", "-p", "hi",
+                              "-c", "1024")
+    assert code == 0 and "context:" not in err  # given: nothing to say
+    code, out, _ = run_main(capsys, "generate", "--speculate", "off", "-n", "2", "-t", "1", "-p", "hi",
+                            "--json")
+    assert code == 0 and json.loads(out)["n_ctx"] == 8192
+    work = tmp_path / "w.txt"
+    work.write_text("one two three")
+    code, _, err = run_main(capsys, "bench", "-w", str(work), "--cells", "off", "--repeat", "1", "-n", "2",
+                            "-t", "1")
+    assert code == 0 and err.splitlines().count(line) == 1
+
+
+@requires_model
+@pytest.mark.model
+def test_serve_sizes_context_and_slots_together_and_says_so(capsys, monkeypatch):
+    from promptlookup.backends import models
+    from promptlookup.serve import server
+
+    loaded = []
+
+    def fake_run_server(engine, settings, host, port):
+        loaded.append((engine.n_ctx, engine.parallel))
+        return 0
+
+    monkeypatch.setattr(server, "run_server", fake_run_server)
+    # a quarter of 1 GiB holds one slot of 8192 (180 MiB), four of 2816: so 2 slots of 4096
+    monkeypatch.setattr(models, "available_memory", lambda: 1 << 30)
+    code, _, err = run_main(capsys, "serve", "-t", "1", "--speculate", "off")
+    assert code == 0 and loaded == [(4096, 2)]
+    assert err == ("promptlookup serve: context: 4096 tokens x 2 slots, not 8192 x 16 (the model's training "
+                   "context), to keep the KV caches at 180 MiB, within a quarter of the 1.0 GiB of memory "
+                   "available\n")
+    code, _, err = run_main(capsys, "serve", "-t", "1", "--speculate", "off", "--parallel", "1")
+    assert code == 0 and loaded[1] == (8192, 1)
+    assert err == ("promptlookup serve: context: 8192 tokens x 1 slot (the model's training context; KV "
+                   "caches 180 MiB of the 1.0 GiB available)\n")

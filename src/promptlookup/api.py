@@ -117,15 +117,22 @@ class Chunk:
 Options = RequestOptions
 
 
-def load_backend(model: str | Path | None = None, backend: str = "llama.cpp", n_ctx: int = 4096,
+def load_backend(model: str | Path | None = None, backend: str = "llama.cpp", n_ctx: int | None = None,
                  threads: int | None = None, n_seq: int = 1) -> Model:
     """A loaded backend: ``llama.cpp`` (a GGUF; the build is checked once per install) or
     ``transformers`` (a GGUF dequantized to fp32, or a local model directory). ``model``: a path, or
     a model name (``"qwen2.5-coder-0.5b"``; ``promptlookup models`` lists them); None: the bundled one.
 
     ``n_seq``: sequences the KV cache holds, ``n_ctx`` positions each (continuous batching; only
-    llama.cpp holds more than one)."""
+    llama.cpp holds more than one). ``n_ctx=None``: sized from the model's training context and the
+    memory available (:func:`~promptlookup.backends.context_size.default_context`; one sequence:
+    up to 32768, each of several: up to 16384); a given ``n_ctx`` above the training context is
+    refused."""
+    from promptlookup.backends.context_size import default_context
     from promptlookup.backends.models import resolve_model
+
+    if n_ctx is None:
+        n_ctx = default_context(backend, model, parallel=n_seq, slots=n_seq > 1).n_ctx
 
     if backend == "transformers":
         from promptlookup.backends.transformers import TransformersBackend
@@ -158,11 +165,12 @@ class Engine:
     ``parallel``: requests run at once, each with ``n_ctx`` positions of its own (llama.cpp holds
     them in one KV cache of ``parallel * n_ctx`` positions and decodes them together; call the engine
     from several threads). ``prefill_chunk``: prompt tokens read per batched step, so a long prompt
-    does not stall the requests already decoding.
+    does not stall the requests already decoding. ``n_ctx=None`` sizes the context from the model
+    and the memory (:func:`load_backend`).
     """
 
     def __init__(self, model: str | Path | None = None, backend: str = "llama.cpp", *,
-                 threads: int | None = None, n_ctx: int = 4096,
+                 threads: int | None = None, n_ctx: int | None = None,
                  speculate: str | SourceSpec = DEFAULT_SPECULATE, history: str | Path | None = None,
                  history_budget: int | None = None, corpus: str | Path | None = None,
                  lookup_static: str | Path | None = None, cost_curve: str | Path | None = None,

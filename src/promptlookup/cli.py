@@ -154,7 +154,15 @@ def _sampling_line(params, seed: int) -> str:
     return f"sampling: {params.describe()}; seed {seed} (--seed {seed} repeats this run)"
 
 
-def _add_model_args(p: argparse.ArgumentParser, backend: bool = False) -> None:
+CTX_HELP = ("context size in tokens (default: the model's training context up to 32768, for serve up to "
+            "16384 a slot, less where its KV cache would take more than a quarter of the memory "
+            "available, never below 4096; at most the training context)")
+
+
+def _add_model_args(p: argparse.ArgumentParser, backend: bool = False, ctx_default: int | None = None,
+                    ctx_help: str = CTX_HELP) -> None:
+    """-m, --backend, -t and -c; ``-c`` defaults to None (:func:`_context` sizes it) unless the
+    command gives a fixed ``ctx_default`` (stats: its replay chunk)."""
     p.add_argument("-m", "--model", metavar="NAME|PATH",
                    help=MODEL_HELP + "; with --backend transformers also a local model directory")
     if backend:
@@ -163,8 +171,18 @@ def _add_model_args(p: argparse.ArgumentParser, backend: bool = False) -> None:
                             "and loads a GGUF dequantized to fp32")
     p.add_argument("-t", "--threads", type=_int_in(1, MAX_THREADS, "--threads"),
                    help=f"CPU threads, 1..{MAX_THREADS} (default: the cores available)")
-    p.add_argument("-c", "--ctx-size", type=_int_in(16, MAX_CTX, "--ctx-size"), default=4096,
-                   help="context size in tokens (default 4096; at most the model's training context)")
+    p.add_argument("-c", "--ctx-size", type=_int_in(16, MAX_CTX, "--ctx-size"), default=ctx_default,
+                   metavar="N", help=ctx_help)
+
+
+def _context(args: argparse.Namespace, slots: bool = False):
+    """The context (and a server's slots) for the command's model: ``-c``/``--parallel`` as given,
+    the rest sized from the model's training context and the memory
+    (:func:`~promptlookup.backends.context_size.default_context`), with the line that says so."""
+    from promptlookup.backends.context_size import default_context
+
+    return default_context(getattr(args, "backend", "llama.cpp"), args.model, n_ctx=args.ctx_size,
+                           parallel=getattr(args, "parallel", None), slots=slots)
 
 
 def _option_type(opt):
@@ -347,7 +365,8 @@ def _add_serve_command(sub) -> None:
     s.add_argument("--parallel", "-np", type=_int_in(1, MAX_PARALLEL, "--parallel"), metavar="N",
                    help=f"requests decoded together by continuous batching, each with --ctx-size "
                         f"positions of its own (default {DEFAULT_PARALLEL} on llama.cpp, fewer where "
-                        "their caches would take more than a quarter of the memory available; 1 on "
+                        "their caches would take more than a quarter of the memory available: at "
+                        "least 4 before a slot's default context drops below its cap; 1 on "
                         "transformers: one at a time)")
     s.add_argument("--prefill-chunk", type=_int_in(1, 1 << 16, "--prefill-chunk"),
                    default=DEFAULT_PREFILL_CHUNK, metavar="TOKENS",
@@ -376,7 +395,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from promptlookup.api import Engine
     from promptlookup.drafting.spec import SourceSpec
-    from promptlookup.serve.app import Settings, default_parallel
+    from promptlookup.serve.app import Settings
     from promptlookup.serve.server import run_server
 
     spec = SourceSpec.parse(args.speculate)  # a bad setting fails before the model loads
@@ -386,18 +405,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1") and key is None:
         print(f"promptlookup serve: warning: listening on {args.host} with no --api-key: anyone who can "
               "reach it can use the model", file=sys.stderr)
-    parallel = args.parallel
-    if parallel is None:
-        parallel, why = default_parallel(args.backend, args.model, args.ctx_size)
-        if why:
-            print(f"promptlookup serve: {why}", file=sys.stderr)
+    context = _context(args, slots=True)
+    if context.line:
+        print(f"promptlookup serve: {context.line}", file=sys.stderr)
     settings = Settings(max_queue=args.max_queue, timeout=args.timeout, api_key=key, max_body=args.max_body,
                         model_alias=args.model_alias, history_save_every=args.history_save_every)
-    engine = Engine(args.model, args.backend, threads=args.threads, n_ctx=args.ctx_size, speculate=spec,
+    engine = Engine(args.model, args.backend, threads=args.threads, n_ctx=context.n_ctx, speculate=spec,
                     history=args.suffix_history, history_budget=args.suffix_history_budget,
                     corpus=args.suffix_corpus,
                     lookup_static=args.lookup_cache_static, cost_curve=args.cost_curve,
-                    parallel=parallel,
+                    parallel=context.parallel,
                     prefill_chunk=args.prefill_chunk)
     try:
         return run_server(engine, settings, args.host, args.port)
@@ -436,7 +453,8 @@ def _add_lookup_commands(sub) -> None:
     m.set_defaults(func=cmd_merge)
 
     st = sub.add_parser("stats", help="replay a text as if generated and report drafting (lookup-stats)")
-    _add_model_args(st)
+    _add_model_args(st, ctx_default=4096,
+                    ctx_help="replay chunk size in tokens (default 4096, as llama.cpp's lookup-stats)")
     st.add_argument("-f", "--file", required=True, metavar="TEXT", help="text to replay")
     _add_speculate_flags(st, "lookup", ("ngram", "lookup", "suffix"))
     st.add_argument("--source", choices=("lookup", "ngram", "suffix"), dest="speculate",
@@ -479,10 +497,14 @@ def _read_prompt(args: argparse.Namespace) -> str:
     return text
 
 
-def _load_backend(args: argparse.Namespace):
+def _load_backend(args: argparse.Namespace, announce: bool = False):
+    """The command's backend; ``announce``: say on stderr how the context was sized (where it was)."""
     from promptlookup.api import load_backend
 
-    return load_backend(args.model, getattr(args, "backend", "llama.cpp"), args.ctx_size, args.threads)
+    context = _context(args)
+    if context.line and announce:
+        print(context.line, file=sys.stderr)
+    return load_backend(args.model, getattr(args, "backend", "llama.cpp"), context.n_ctx, args.threads)
 
 
 # how each command's flags select a draft source (drafting/spec.py builds it from the rest of the flags)
@@ -532,8 +554,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
                             tool_choice=_tool_choice(args))
     text = _read_prompt(args)
     system = prompt_text(args.system, "--system") if args.system is not None else None
+    context = _context(args)
     engine = Engine(args.model, getattr(args, "backend", "llama.cpp"), threads=args.threads,
-                    n_ctx=args.ctx_size, speculate=spec, history=history, history_budget=budget)
+                    n_ctx=context.n_ctx, speculate=spec, history=history, history_budget=budget)
     backend = engine.backend
     messages = one_turn(text, system)
     ids = None if opts.tools else engine.chat_ids(messages) if args.chat else engine.tokenize(text)
@@ -554,12 +577,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
         for call in result.tool_calls or ():  # one JSON line per call, OpenAI's tool_calls entries
             print(json.dumps(call.as_openai(), ensure_ascii=False))
     engine.save_history()  # the history file the flags name: this run added to it
-    _print_generation(args, backend, result, opts, report_of(engine.source_for(spec)))
+    _print_generation(args, backend, result, opts, report_of(engine.source_for(spec)), context.line)
     return 0
 
 
-def _print_generation(args: argparse.Namespace, backend: Model, result, opts, report) -> None:
-    """The output: JSON, or the report after the streamed text; ``--csv`` appends a row."""
+def _print_generation(args: argparse.Namespace, backend: Model, result, opts, report,
+                      context_line: str | None = None) -> None:
+    """The output: JSON, or the report after the streamed text (with the line saying how the context
+    was sized, where it was not given); ``--csv`` appends a row."""
     c = result.counters
     if args.csv:
         with open(args.csv, "a", encoding="utf-8") as fh:
@@ -567,7 +592,7 @@ def _print_generation(args: argparse.Namespace, backend: Model, result, opts, re
                                stopped_by=result.stopped_by) + "\n")
     if args.json:
         obj = {
-            "model": str(backend.model_path), "threads": backend.n_threads,
+            "model": str(backend.model_path), "threads": backend.n_threads, "n_ctx": backend.n_ctx,
             "prompt_tokens": result.prompt_tokens, "tokens": result.tokens, "text": result.text,
             "stopped_by": result.stopped_by, "finish_reason": result.finish_reason,
             "tool_calls": [t.as_openai() for t in result.tool_calls] if result.tool_calls else None,
@@ -580,6 +605,8 @@ def _print_generation(args: argparse.Namespace, backend: Model, result, opts, re
         return
     for line in c.report_lines():
         print(line, file=sys.stderr)
+    if context_line:
+        print(context_line, file=sys.stderr)
     params = opts.sampling_params()
     if not (params.greedy and not params.penalties):
         print(_sampling_line(params, result.seed), file=sys.stderr)
@@ -732,7 +759,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if not files:
         raise UsageError("no workload prompts found (give -w FILE or a directory of *.txt)")
     texts = {f: read_prompt_file(f, "workload") for f in files}  # every file checked before any work
-    backend = _load_backend(args)
+    backend = _load_backend(args, announce=True)
     workloads = {}
     for f in files:
         requests = []

@@ -27,7 +27,7 @@ from promptlookup.backends.base import BackendError, SeqDecode, check_keep, one_
 from promptlookup.backends.compute_thread import on_compute_thread
 from promptlookup.sampling import Sampler
 
-DEFAULT_N_CTX = 4096
+DEFAULT_N_CTX = 4096  # a backend built directly; the CLI, Engine and load_backend size it (context_size.py)
 DEFAULT_N_BATCH = 512
 #: the context the ``Llama`` object makes for itself (llama.cpp's smallest): it is only used to load
 #: the weights and the tokenizer, and decoding has its own context (see ``_own_context``)

@@ -40,7 +40,7 @@ from typing import Any
 from promptlookup.backends.base import BackendError, check_keep, one_turn
 from promptlookup.sampling import Sampler
 
-DEFAULT_N_CTX = 4096
+DEFAULT_N_CTX = 4096  # a backend built directly; the CLI, Engine and load_backend size it (context_size.py)
 PREFILL_CHUNK = 512
 DEFAULT_PAD_TO: Mapping[int, int] = {2: 4, 3: 4, 6: 8, 7: 8}
 INSTALL_HINT = "pip install 'promptlookup[transformers]' (torch==2.13.0 transformers accelerate gguf)"

@@ -34,6 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from promptlookup import __version__
 from promptlookup.api import ROLES, Completion, Engine, RequestError, check_messages
+from promptlookup.backends.context_size import KV_MEMORY_SHARE, MAX_SLOTS, default_context  # noqa: F401
 from promptlookup.drafting.spec import SourceSpec, SpecError, options_of
 from promptlookup.errors import UserError
 from promptlookup.serve import schemas as s
@@ -48,15 +49,16 @@ log = logging.getLogger("promptlookup.serve")
 
 #: requests decoded together by default on llama.cpp (fewer where their KV caches would take more
 #: than KV_MEMORY_SHARE of the memory available; one on a backend that cannot batch): see
-#: default_parallel
-DEFAULT_PARALLEL = 16
-KV_MEMORY_SHARE = 0.25  # of the memory available, what the default slots' KV caches may take
+#: default_parallel, and backends/context_size.py for how slots and context are sized together
+DEFAULT_PARALLEL = MAX_SLOTS
 MAX_SPECULATE_SETTINGS = 16  # distinct draft source settings one server builds (each keeps its state)
 
 
 def default_parallel(backend: str, model: str | os.PathLike[str] | None,
                      n_ctx: int) -> tuple[int, str | None]:
-    """``--parallel`` when it is not given, and a line saying why where it is not the default.
+    """``--parallel`` when it is not given but ``-c`` is, and a line saying why where it is not the
+    default (:func:`~promptlookup.backends.context_size.default_context` sizes both where neither
+    is given).
 
     Why 16: measured on the 2-core development machine with the column matmul (docs/results.md,
     many users at once, three runs on 2026-12-03), 16 slots served 188.0, 193.0 and 194.8 tok/s to
@@ -70,25 +72,15 @@ def default_parallel(backend: str, model: str | os.PathLike[str] | None,
     :data:`KV_MEMORY_SHARE` of the memory available (the model, the other processes of the machine
     and the server's own work keep the rest). An explicit ``--parallel`` is checked against all of
     it when the model loads. Not on transformers: it decodes one sequence at a time."""
-    from promptlookup.backends.models import ModelError, available_memory, kv_cache_estimate, resolve_model
+    from promptlookup.backends.models import ModelError
 
     if backend != "llama.cpp":
         return 1, None
     try:
-        path = resolve_model(model)
-        _, per_token = kv_cache_estimate(path)
+        choice = default_context(backend, model, n_ctx=n_ctx, slots=True)
     except ModelError:
         return DEFAULT_PARALLEL, None  # the engine names the problem when it loads the model
-    avail = available_memory()
-    if not per_token or avail is None:
-        return DEFAULT_PARALLEL, None
-    n = min(DEFAULT_PARALLEL, int(KV_MEMORY_SHARE * avail) // (n_ctx * per_token))
-    if n >= DEFAULT_PARALLEL:
-        return DEFAULT_PARALLEL, None
-    n = max(1, n)
-    return n, (f"--parallel defaults to {n}, not {DEFAULT_PARALLEL}: the KV caches of {DEFAULT_PARALLEL} x "
-               f"{n_ctx} positions would take {DEFAULT_PARALLEL * n_ctx * per_token / 2**30:.1f} GiB, more "
-               f"than {KV_MEMORY_SHARE:.0%} of the {avail / 2**30:.1f} GiB of memory available")
+    return choice.parallel, choice.line
 
 
 @dataclass(frozen=True)
