@@ -24,6 +24,8 @@ MODEL_HELP = ("model: a name from 'promptlookup models' (default smollm2-135m, t
 MAX_CTX = 1 << 20  # tokens; a model's own limit (training context, memory) is checked when it loads
 MAX_PREDICT = MAX_CTX
 MAX_REPEAT = 1000
+#: what the [server] extra installs (pyproject.toml), by import name, and what fastapi brings
+SERVER_EXTRA = ("fastapi", "starlette", "uvicorn", "prometheus_client")
 
 
 def max_workers() -> int:
@@ -382,7 +384,7 @@ def _positive_float(what: str):
 def _add_serve_command(sub) -> None:
     from promptlookup.api import DEFAULT_SPECULATE, MAX_PARALLEL
     from promptlookup.batching.scheduler import DEFAULT_PREFILL_CHUNK
-    from promptlookup.serve.app import DEFAULT_PARALLEL
+    from promptlookup.serve.slots import DEFAULT_PARALLEL
 
     s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (chat, completions, streaming)",
                        description="Serve /v1/chat/completions, /v1/completions, /v1/models, /health and "
@@ -439,11 +441,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from promptlookup.drafting.spec import SourceSpec
 
     try:
-        from promptlookup.serve.app import Settings, default_parallel
+        from promptlookup.serve.app import Settings
         from promptlookup.serve.server import run_server
     except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in SERVER_EXTRA:
+            raise
         raise UsageError(f"promptlookup serve needs the server extra ({exc.name} is missing): "
                          "pip install 'promptlookup[server]'") from exc
+
+    from promptlookup.serve.slots import default_parallel
 
     spec = SourceSpec.parse(args.speculate)  # a bad setting fails before the model loads
     key = args.api_key if args.api_key is not None else os.environ.get("PROMPTLOOKUP_API_KEY") or None

@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -46,49 +45,7 @@ from promptlookup.tools import format_for
 
 log = logging.getLogger("promptlookup.serve")
 
-#: requests decoded together by default on llama.cpp (fewer where their KV caches would take more
-#: than KV_MEMORY_SHARE of the memory available; one on a backend that cannot batch): see
-#: default_parallel
-DEFAULT_PARALLEL = 16
-KV_MEMORY_SHARE = 0.25  # of the memory available, what the default slots' KV caches may take
 MAX_SPECULATE_SETTINGS = 16  # distinct draft source settings one server builds (each keeps its state)
-
-
-def default_parallel(backend: str, model: str | os.PathLike[str] | None,
-                     n_ctx: int) -> tuple[int, str | None]:
-    """``--parallel`` when it is not given, and a line saying why where it is not the default.
-
-    Why 16: measured on the 2-core development machine with the column matmul (docs/results.md,
-    many users at once, three runs on 2026-12-03), 16 slots served 188.0, 193.0 and 194.8 tok/s to
-    16 clients against 141.4, 159.0 and 131.0 for 4 slots (about 2x one request at a time, against
-    1.4-1.6x), with a time to first token at p95 of 1.4-1.7 s against 10-12 s; at 4 clients 136.8 /
-    141.0 / 148.8 against 141.4 / 137.0 / 138.5, and alone level within the passes' spread (one
-    request at a time in-process: 105.8 / 100.6 tok/s against 109.7 / 97.5): no worse where fewer
-    clients come.
-    A slot nobody uses costs only its memory, so the limit is memory: each slot holds ``n_ctx``
-    positions of its own, and the default is the most slots, up to 16, whose caches take at most
-    :data:`KV_MEMORY_SHARE` of the memory available (the model, the other processes of the machine
-    and the server's own work keep the rest). An explicit ``--parallel`` is checked against all of
-    it when the model loads. Not on transformers: it decodes one sequence at a time."""
-    from promptlookup.backends.models import ModelError, available_memory, kv_cache_estimate, resolve_model
-
-    if backend != "llama.cpp":
-        return 1, None
-    try:
-        path = resolve_model(model)
-        _, per_token = kv_cache_estimate(path)
-    except ModelError:
-        return DEFAULT_PARALLEL, None  # the engine names the problem when it loads the model
-    avail = available_memory()
-    if not per_token or avail is None:
-        return DEFAULT_PARALLEL, None
-    n = min(DEFAULT_PARALLEL, int(KV_MEMORY_SHARE * avail) // (n_ctx * per_token))
-    if n >= DEFAULT_PARALLEL:
-        return DEFAULT_PARALLEL, None
-    n = max(1, n)
-    return n, (f"--parallel defaults to {n}, not {DEFAULT_PARALLEL}: the KV caches of {DEFAULT_PARALLEL} x "
-               f"{n_ctx} positions would take {DEFAULT_PARALLEL * n_ctx * per_token / 2**30:.1f} GiB, more "
-               f"than {KV_MEMORY_SHARE:.0%} of the {avail / 2**30:.1f} GiB of memory available")
 
 
 @dataclass(frozen=True)
