@@ -8,6 +8,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh all
+# tests/test_install.py installs the package into a fresh venv first with llama.cpp's default (fast)
+# kernels, as pip would build them, to see the warning: that wheel is built once into the wheelhouse
+# (3-5 min the first time, a no-op after)
+PYTHONPATH=src .venv/bin/python -m promptlookup.llama_build wheel host --kernels fast >/dev/null
 .venv/bin/promptlookup models pull qwen2.5-coder-0.5b
 if [ "${PROMPTLOOKUP_TEST_MODELS:-}" = all ]; then
     .venv/bin/promptlookup models pull qwen2.5-coder-1.5b

@@ -2,7 +2,7 @@
 however the positions were batched, so speculative output equals plain decoding token for token.
 
 These tests run only where the installed llama.cpp was built with set-up's ``invariant`` kernels
-(``scripts/llama_build.py``; its system info shows neither LLAMAFILE nor REPACK); on a build with the
+(``promptlookup.llama_build``; its system info shows neither LLAMAFILE nor REPACK); on a build with the
 fast kernels they skip, and ``test_the_fast_build_is_not_invariant`` says what that build does.
 """
 

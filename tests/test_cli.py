@@ -359,7 +359,7 @@ def test_tools_on_the_command_line(capsys, tmp_path):
 @requires_model
 def test_serve_decodes_16_requests_together_by_default_fewer_where_their_caches_take_too_much(monkeypatch):
     from promptlookup.backends import models
-    from promptlookup.serve.app import DEFAULT_PARALLEL, KV_MEMORY_SHARE, default_parallel
+    from promptlookup.serve.slots import DEFAULT_PARALLEL, KV_MEMORY_SHARE, default_parallel
 
     assert (DEFAULT_PARALLEL, KV_MEMORY_SHARE) == (16, 0.25)
     _, per_token = models.kv_cache_estimate(models.bundled_model_path())
@@ -428,3 +428,15 @@ def test_serve_sizes_context_and_slots_together_and_says_so(capsys, monkeypatch)
     assert code == 0 and loaded[1] == (8192, 1)
     assert err == ("promptlookup serve: context: 8192 tokens x 1 slot (the model's training context; KV "
                    "caches 180 MiB of the 1.0 GiB available)\n")
+def test_version_and_a_missing_server_extra_are_one_line(capsys, monkeypatch):
+    import promptlookup
+    from promptlookup.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out == f"promptlookup {promptlookup.__version__}\n"
+    monkeypatch.delitem(sys.modules, "promptlookup.serve.app", raising=False)
+    monkeypatch.setitem(sys.modules, "fastapi", None)  # as if the [server] extra were not installed
+    code, _, err = run_main(capsys, "serve")
+    assert code == 2 and err == ("promptlookup: error: promptlookup serve needs the server extra (fastapi is "
+                                 "missing): pip install 'promptlookup[server]'\n")

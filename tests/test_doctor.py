@@ -188,7 +188,7 @@ def test_the_cli_reports_a_broken_build_in_one_line(tmp_path, monkeypatch, capsy
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == ("promptlookup: error: this llama.cpp build does not run correctly here (llama.cpp "
                        "died by SIGILL during step 'verify 9 tokens'); run 'promptlookup doctor' for the "
-                       "details, and scripts/setup.sh to rebuild")
+                       "details, and 'promptlookup setup-llama' to rebuild")
 
 
 def test_a_library_that_cannot_load_is_a_backend_error(monkeypatch):
@@ -211,3 +211,44 @@ def test_smoke_only_exit_status_tells_a_bad_build_from_a_stopped_test(tmp_path, 
                         lambda model, threads=None, curve=False: doctor.parse_child(code, child))
     assert doctor.run_doctor(None, None, smoke_only=True) == status
     assert capsys.readouterr().out.startswith("smoke test " + ("passed" if code == 0 else "failed"))
+
+
+SAFE_INFO = "CPU : SSE3 = 1 | AVX2 = 1 | FMA = 1 | OPENMP = 1 | FA_ONE_PATH = 1 | MUL_MAT_COLS = 1 | "
+UPSTREAM_INFO = "CPU : AVX2 = 1 | FMA = 1 | AMX_INT8 = 1 | LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 | "
+WARNING = ("promptlookup: warning: this llama-cpp-python is not promptlookup's safe build ({}): speculative "
+           "output may differ from --speculate off, and upstream's build dies by SIGILL on AMX CPUs; run "
+           "'promptlookup setup-llama' to install the exact one")
+
+
+def test_a_build_that_is_not_ours_gets_one_line_saying_what_is_lost_and_the_fix():
+    from promptlookup.backends.llama_cpp import build_problem, build_warning
+
+    assert build_problem(SAFE_INFO) is None and build_warning(SAFE_INFO, {}) is None
+    assert build_warning(UPSTREAM_INFO, {}) == WARNING.format(
+        "its matmul kernels depend on the batch (LLAMAFILE, REPACK)")
+    unpatched = "CPU : AVX2 = 1 | OPENMP = 1 | "  # invariant kernels, but upstream's flash attention
+    assert build_warning(unpatched, {}) == WARNING.format("its flash attention is not the one-path patch")
+    # the fast kernels chosen on purpose (set-up's own variable): nothing to warn about
+    assert build_warning(UPSTREAM_INFO, {"PROMPTLOOKUP_LLAMA_KERNELS": " Fast "}) is None
+    assert build_warning(UPSTREAM_INFO, {"PROMPTLOOKUP_LLAMA_KERNELS": "invariant"}) is not None
+
+
+@pytest.mark.parametrize(("info", "line"), [
+    (SAFE_INFO, "llama-cpp-python build: promptlookup's safe build (AMX off, batch-invariant kernels, "
+                "one-path flash attention)"),
+    (UPSTREAM_INFO, "llama-cpp-python build: NOT promptlookup's safe build: its matmul kernels depend on the "
+                    "batch (LLAMAFILE, REPACK); speculative output may differ from --speculate off, and "
+                    "upstream's build dies by SIGILL on AMX CPUs; 'promptlookup setup-llama' installs the "
+                    "exact one"),
+])
+def test_the_doctor_says_whether_the_build_is_ours(tmp_path, monkeypatch, info, line):
+    monkeypatch.setenv("PROMPTLOOKUP_CACHE", str(tmp_path))
+    monkeypatch.setattr(doctor, "cpu_library", lambda: tmp_path / "libggml-cpu.so")
+    monkeypatch.setattr(doctor, "amx_instruction_count", lambda lib: 0)
+    monkeypatch.setattr(doctor, "library_fingerprint", lambda: None)
+    result = {"rows": 9, "max_rel_diff": 0.0, "argmax_agree": 9, "system_info": info, "threads": 2}
+    monkeypatch.setattr(doctor, "run_smoke_child", lambda model, threads=None, curve=False:
+                        doctor.SmokeOutcome(True, "done", result=result))
+    lines: list[str] = []
+    assert doctor.run_doctor(None, None, False, out=lines.append) == 0
+    assert [x for x in lines if x.startswith("llama-cpp-python build:")] == [line]

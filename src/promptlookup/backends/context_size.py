@@ -39,7 +39,7 @@ from pathlib import Path
 SEQUENCE_CAP = 32768  # positions, the default's cap for one sequence
 SLOT_CAP = 16384  # positions, the default's cap for each of a server's slots
 FLOOR = 4096  # positions: the least the default goes to (the old default), unless the model is shorter
-MAX_SLOTS = 16  # --parallel's default on llama.cpp (serve.app.default_parallel says why 16)
+MAX_SLOTS = 16  # --parallel's default on llama.cpp (serve.slots.default_parallel says why 16)
 MIN_SLOTS = 4  # slots a server keeps before it gives up context below its cap
 KV_MEMORY_SHARE = 0.25  # of the memory available, what the default's KV caches may take
 STEP = 256  # a context cut for memory is a multiple of this (llama.cpp pads to it anyway)

@@ -221,7 +221,7 @@ def ensure_build_checked(model: str | os.PathLike[str], threads: int | None = No
     fp = library_fingerprint()
     if fp is None:
         raise BackendError("llama-cpp-python is not installed (or has no library folder); "
-                           "run scripts/setup.sh, then 'promptlookup doctor'")
+                           "run 'promptlookup setup-llama', then 'promptlookup doctor'")
     if _stamp_path(fp).is_file():
         return
     print("promptlookup: first use of this llama.cpp build: checking it in a child process "
@@ -233,7 +233,8 @@ def ensure_build_checked(model: str | os.PathLike[str], threads: int | None = No
     outcome = (runner or run_smoke_child)(smoke_model, threads)
     if not outcome.ok:
         raise BackendError(f"this llama.cpp build does not run correctly here ({outcome.line()}); "
-                           "run 'promptlookup doctor' for the details, and scripts/setup.sh to rebuild")
+                           "run 'promptlookup doctor' for the details, and 'promptlookup setup-llama' "
+                           "to rebuild")
     record_healthy()
 
 
@@ -306,21 +307,30 @@ def run_doctor(model: str | os.PathLike[str] | None, threads: int | None, smoke_
     if isinstance(inv, dict):
         exact = ("speculative output equals plain decoding token for token" if inv.get("bitwise") else
                  "speculative output can differ from plain decoding where the top two logits nearly tie; "
-                 "scripts/setup.sh builds the invariant kernels by default")
+                 "'promptlookup setup-llama' builds the invariant kernels by default")
         out(f"batch invariance: {'yes' if inv.get('bitwise') else 'no'} "
             f"({inv.get('identical')}/{inv.get('rows')} rows bit-identical): {exact}")
     if "flash_attention" in r:
         out("flash attention (the smoke test's 1024 positions): " + ("on" if r["flash_attention"] else "off")
             + "; PROMPTLOOKUP_FLASH_ATTENTION=auto turns it on for contexts up to 512 positions on "
               "set-up's patched invariant build (docs/exactness.md)")
-    from promptlookup.backends.llama_cpp import MUL_MAT_COLS  # a constant: llama.cpp stays unloaded here
+    # constants and string checks: llama.cpp stays unloaded in this process
+    from promptlookup.backends.llama_cpp import MUL_MAT_COLS, SETUP_COMMAND, build_problem
+
+    if r.get("system_info"):
+        problem = build_problem(str(r["system_info"]))
+        out("llama-cpp-python build: " + (
+            "promptlookup's safe build (AMX off, batch-invariant kernels, one-path flash attention)"
+            if problem is None else
+            f"NOT promptlookup's safe build: {problem}; speculative output may differ from --speculate off, "
+            f"and upstream's build dies by SIGILL on AMX CPUs; '{SETUP_COMMAND}' installs the exact one"))
 
     if MUL_MAT_COLS in str(r.get("system_info", "")):
         out("matmul: Q4_1, Q5_0, Q8_0, Q4_K, Q6_K and F16 rows take up to 16 tokens at once (set-up's "
             "patch), every result bit-identical to ggml's one-pair kernel (docs/exactness.md)")
     if not outcome.ok:
-        out("verdict: UNHEALTHY: this llama.cpp build cannot be trusted here; rebuild with scripts/setup.sh "
-            "(it falls back to an AVX2-only build when the host build fails)")
+        out("verdict: UNHEALTHY: this llama.cpp build cannot be trusted here; rebuild with "
+            "'promptlookup setup-llama' (it falls back to an AVX2-only build when the host build fails)")
         return 3
     record_healthy()
     out(f"threads: {r.get('threads')}")

@@ -43,7 +43,7 @@ BATCH_DEPENDENT_KERNELS = ("LLAMAFILE = 1", "REPACK = 1")
 #: ggml's tiled K-quant matmul is a third such kernel (taken for 8+ rows); it has no build switch
 #: but this environment variable, read at its first use, turns it off
 TILED_MATMUL_ENV = "GGML_CPU_TILED_MM"
-#: what set-up's patched invariant build adds to the system info (scripts/llama_build.py): CPU
+#: what set-up's patched invariant build adds to the system info (promptlookup.llama_build): CPU
 #: flash attention takes one reduction path for every batch shape; Q4_1, Q5_0, Q8_0, Q4_K, Q6_K and
 #: F16 matmuls take a row against many columns at once, each result bit-identical to upstream's one-pair
 #: kernel
@@ -72,8 +72,55 @@ def invariant_build(info: str) -> bool:
 def one_path_flash_attention(info: str) -> bool:
     """Whether flash attention may be on without breaking invariance: an invariant build whose CPU
     flash attention set-up patched to take one reduction path for every batch shape (it reports
-    :data:`FLASH_ATTENTION_ONE_PATH`; scripts/llama_build.py says why upstream's paths differ)."""
+    :data:`FLASH_ATTENTION_ONE_PATH`; promptlookup.llama_build.recipe says why upstream's paths differ)."""
     return invariant_build(info) and FLASH_ATTENTION_ONE_PATH in info
+
+
+#: the command that installs the safe build into the running environment (src/promptlookup/llama_build)
+SETUP_COMMAND = "promptlookup setup-llama"
+#: set to ``fast`` where llama.cpp's batch-dependent kernels were chosen on purpose (the same variable
+#: set-up reads): then a build without the invariant kernels is what was asked for, and says nothing
+KERNELS_ENV = "PROMPTLOOKUP_LLAMA_KERNELS"
+
+
+def build_problem(info: str) -> str | None:
+    """What keeps this llama.cpp build from being promptlookup's safe one, read from its system info
+    (None: it is that build). A build pip made from upstream's source has llama.cpp's default kernels,
+    whose result for a row depends on the batch, and lacks the flash-attention patch."""
+    found = [k.split(" = ")[0] for k in BATCH_DEPENDENT_KERNELS if k in info]
+    if found:
+        return f"its matmul kernels depend on the batch ({', '.join(found)})"
+    if FLASH_ATTENTION_ONE_PATH not in info:
+        return "its flash attention is not the one-path patch"
+    return None
+
+
+def build_warning(info: str, environ: Mapping[str, str] = os.environ) -> str | None:
+    """The one line a run prints when its llama-cpp-python is not the safe build (None: it is, or
+    ``$PROMPTLOOKUP_LLAMA_KERNELS=fast`` says the fast kernels are wanted). Nothing degrades silently:
+    the line says what is lost and the command that fixes it."""
+    problem = build_problem(info)
+    if problem is None or environ.get(KERNELS_ENV, "").strip().lower() == "fast":
+        return None
+    return (f"promptlookup: warning: this llama-cpp-python is not promptlookup's safe build ({problem}): "
+            "speculative output may differ from --speculate off, and upstream's build dies by SIGILL on "
+            f"AMX CPUs; run '{SETUP_COMMAND}' to install the exact one")
+
+
+_warned_build = False
+
+
+def _warn_once_if_not_safe(lib) -> None:
+    """Print :func:`build_warning` once per process (a server loads its model once; a CLI run once)."""
+    global _warned_build
+    if _warned_build:
+        return
+    line = build_warning(system_info(lib))
+    if line:
+        import sys
+
+        print(line, file=sys.stderr, flush=True)
+        _warned_build = True
 
 
 def flash_attention_default(info: str, n_ctx: int, environ: Mapping[str, str] = os.environ) -> bool:
@@ -216,9 +263,10 @@ class LlamaCppBackend:
             import llama_cpp  # deferred: importing it loads the shared library
         except (ImportError, OSError, RuntimeError) as exc:
             raise BackendError(f"the llama.cpp library could not be loaded ({exc}); "
-                               "run 'promptlookup doctor', and scripts/setup.sh to reinstall") from exc
+                               f"run 'promptlookup doctor', and '{SETUP_COMMAND}' to reinstall") from exc
 
         self._lib = llama_cpp
+        _warn_once_if_not_safe(llama_cpp)
         _switch_off_batch_dependent_runtime_paths(llama_cpp)
         self.model_path = Path(model_path)
         self.n_threads = n_threads or default_threads()

@@ -1,5 +1,4 @@
-#!/usr/bin/env python3
-"""Set-up's llama.cpp step: build llama-cpp-python safely for this CPU and prove the build works.
+"""What to build: llama-cpp-python's CMake arguments, the ggml patches and the wheelhouse key.
 
 Why this exists: llama-cpp-python ships only as source and compiles llama.cpp for the host. With
 ``-march=native`` the build switches on every ISA extension the CPU reports, AMX included, and the
@@ -17,33 +16,23 @@ query rows, so a row's attention would depend on the batch; patched, every batch
 one per-row path (the reference path upstream keeps for testing), and the build says so in its system
 info (``FA_ONE_PATH = 1``), which is how the backend knows it may turn flash attention on. It also adds
 a matmul of ours for Q4_1, Q5_0, Q8_0, Q4_K and Q6_K weights and for attention's F16 rows on x86
-(``scripts/ggml_patches``: a weight row against up to 16 tokens at once, every result bit-identical
-to upstream's one-pair kernel; ``MUL_MAT_COLS = 1``).
+(``ggml_patches/``, package data: a weight row against up to 16 tokens at once, every result
+bit-identical to upstream's one-pair kernel; ``MUL_MAT_COLS = 1``).
 ``--kernels fast`` (or ``PROMPTLOOKUP_LLAMA_KERNELS=fast``) keeps llama.cpp's defaults.
 
 The wheel is kept in a wheelhouse keyed by everything that decides its bytes (package version, the
-CMake arguments, the compiler), so a wheel built with other flags is never reused. After install,
-set-up runs the smoke test (``promptlookup doctor --smoke-only``: prefill, a 9-token verify,
-rollback, batched rows against single-token rows) in a child process. If it fails, set-up says how in
-one line, rebuilds once with a conservative ISA set (AVX2/FMA/F16C), proves that build, and fails with
-a clear message if that dies too. A build that failed its smoke test is remembered in its wheelhouse
-folder, so the next set-up goes straight to the conservative one.
+CMake arguments, the compiler, the patches' text), so a wheel built with other flags is never reused.
 
-Runs on the system Python (standard library only), before promptlookup is importable.
+Standard library only: set-up runs it on the system Python, before promptlookup's dependencies are
+installed.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import os
 import platform
-import shlex
 import subprocess
-import sys
-import tarfile
-import tempfile
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,12 +91,13 @@ FA_ONE_PATH_MARK = "FA_ONE_PATH = 1"
 #: Q8_0 embeddings and output), on x86 with AVX2. ggml without its batch-dependent kernels computes a
 #: matmul one (row, column) pair at a time (``vec_dot``), unpacking the weight row and converting its
 #: scales again for every column, so a batch of tokens costs nearly what the same tokens cost one by
-#: one. ``ggml_mul_mat_cols`` (scripts/ggml_patches/mul_mat_cols.c, inserted into ggml's x86
+#: one. ``ggml_mul_mat_cols`` (ggml_patches/mul_mat_cols.c, inserted into ggml's x86
 #: quants.c) takes a row against up to 16 columns at once and does, for each pair, exactly the
 #: operations of upstream's ``vec_dot`` in the same order: every result is bit-identical to
 #: upstream's, whatever the batch, and the build says so (``MUL_MAT_COLS = 1``).
 MUL_MAT_COLS_MARK = "MUL_MAT_COLS = 1"
-_PATCH_DIR = Path(__file__).resolve().parent / "ggml_patches"
+#: the C sources the patches insert: package data, so an installed promptlookup can build too
+PATCH_DIR = Path(__file__).resolve().parent / "ggml_patches"
 _FEATURES_END = "        features.push_back({ nullptr, nullptr });\n"
 _CHUNK_LOOP = "    float tmp[32];\n\n    for (int64_t iir1 = ir1_start; iir1 < ir1_end; iir1 += blck_1) {\n"
 _Q8_0_DECL = ("void ggml_vec_dot_q8_0_q8_0(int n, float * GGML_RESTRICT s, size_t bs, const void * "
@@ -126,9 +116,9 @@ _SILU_DEF = "void ggml_vec_silu_f32(const int n, float * y, const float * x) {\n
 
 def _patch_text(name: str) -> str:
     try:
-        return (_PATCH_DIR / name).read_text(encoding="utf-8")
+        return (PATCH_DIR / name).read_text(encoding="utf-8")
     except OSError as exc:
-        raise SystemExit(f"setup: error: cannot read the ggml patch {_PATCH_DIR / name}: {exc}") from exc
+        raise SystemExit(f"setup: error: cannot read the ggml patch {PATCH_DIR / name}: {exc}") from exc
 
 
 SOURCE_PATCHES = (
@@ -208,14 +198,6 @@ UNUSED_PARTS = ("-DLLAVA_BUILD=OFF",)
 FAILED_MARK = "SMOKE_FAILED"
 INSTALLED_MARK = "llama-build-key"  # in the venv: which wheelhouse key is installed there
 
-
-_T0 = time.monotonic()
-
-
-def log(msg: str) -> None:
-    """One progress line, with the time since set-up started (the slow steps say how slow)."""
-    m, sec = divmod(int(time.monotonic() - _T0), 60)
-    print(f"setup [{m}:{sec:02d}]: {msg}", file=sys.stderr, flush=True)
 
 
 # -- what to build ------------------------------------------------------------------------------
@@ -318,178 +300,12 @@ def builds_to_try(plans: Callable[[str], Build]) -> tuple[list[Build], list[Buil
     return order, skipped
 
 
-# -- doing it -----------------------------------------------------------------------------------
-def pip(python: str, *args: str, env: dict[str, str] | None = None) -> None:
-    cmd = [python, "-m", "pip", "--disable-pip-version-check", *args]
-    subprocess.run(cmd, check=True, env=env)
-
-
-def build_wheel(python: str, build: Build) -> Path:
-    """Compile llama-cpp-python with ``build.args`` (``--no-cache-dir``: pip's wheel cache ignores
-    CMAKE_ARGS and would hand back a wheel built with other flags)."""
-    build.folder.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, CMAKE_ARGS=" ".join(build.args),
-               CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2))
-    log(f"building llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} from source, {build.mode} ISA, "
-        f"{build.kernels} kernels (once per build key {build.key}; 3-5 min on 2 cores)")
-    log(f"  CMAKE_ARGS={shlex.join(build.args)}")
-    requirement = f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"
-    if not build.patches:
-        pip(python, "wheel", "--quiet", "--no-deps", "--no-cache-dir", "-w", str(build.folder),
-            requirement, env=env)
-    else:
-        with tempfile.TemporaryDirectory(prefix="llama-src-") as tmp:
-            log(f"  downloading the source package and patching {len(build.patches)} places "
-                f"({', '.join(sorted({Path(p.path).name for p in build.patches}))})")
-            pip(python, "download", "--quiet", "--no-deps", "--no-binary", ":all:", "-d", tmp, requirement)
-            sdists = sorted(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
-            if not sdists:
-                raise SystemExit("setup: error: pip download wrote no llama-cpp-python source "
-                                 f"package into {tmp}")
-            with tarfile.open(sdists[0]) as tar:
-                if hasattr(tarfile, "data_filter"):  # Python 3.11.4+: refuse links and paths out of tmp
-                    tar.extractall(tmp, filter="data")
-                else:
-                    tar.extractall(tmp)  # noqa: S202 - pip's own download of the pinned package
-            root = Path(tmp) / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}"
-            apply_patches(root, build.patches)
-            pip(python, "wheel", "--quiet", "--no-deps", "--no-cache-dir", "-w", str(build.folder),
-                str(root), env=env)
-    (build.folder / "cmake-args.txt").write_text(" ".join(build.args) + "\n", encoding="utf-8")
-    wheel = build.wheel()
-    if wheel is None:
-        raise SystemExit(f"setup: error: pip wheel wrote no llama-cpp-python wheel into {build.folder}")
-    return wheel
-
-
-def install_wheel(python: str, venv: Path, build: Build) -> None:
-    """Install ``build``'s wheel unless the venv already has exactly that build."""
-    mark = venv / INSTALLED_MARK
-    if mark.is_file() and mark.read_text(encoding="utf-8").strip() == build.key:
-        return
-    wheel = build.wheel() or build_wheel(python, build)
-    log(f"installing {wheel.name} (build key {build.key})")
-    pip(python, "install", "--quiet", "--force-reinstall", "--no-deps", str(wheel))
-    mark.write_text(build.key + "\n", encoding="utf-8")
-
-
-def install_project(python: str, wheelhouse: Path, extras: str) -> None:
-    """The package itself: ``core`` for the main job, ``all`` adds the test and transformers extras
-    (torch goes first and pinned: its CPU build is on local disk, an unpinned one pulls CUDA)."""
-    if extras == "all":
-        log(f"installing torch {TORCH_VERSION} (CPU build)")
-        pip(python, "install", "--quiet", f"torch=={TORCH_VERSION}")
-        spec = ".[test,transformers,bench]"
-        pins = [f"torch=={TORCH_VERSION}"]
-    else:
-        spec, pins = ".", []
-    log(f"installing promptlookup (editable, {'core' if extras == 'core' else 'test + transformers'})")
-    pip(python, "install", "--quiet", "--find-links", str(wheelhouse),
-        f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", *pins, "-e", spec)
-
-
-@dataclass(frozen=True)
-class SmokeResult:
-    ok: bool
-    line: str
-    stopped: bool = False  # stopped from outside (a signal a bad build never sends): no verdict on the build
-
-
-def run_smoke(python: str) -> SmokeResult:
-    """``promptlookup doctor --smoke-only``: it runs the smoke test in a child of its own and prints
-    one line (which signal, which step, or which check failed; for a build without the
-    batch-dependent kernels, whether every row was bit-identical to its one-token decode). Exit
-    status 4 (``SMOKE_STOPPED_STATUS``): the child was stopped from outside; the doctor itself dying
-    by a signal is that too (it never loads llama.cpp)."""
-    proc = subprocess.run([python, "-m", "promptlookup", "doctor", "--smoke-only"],
-                          capture_output=True, text=True)
-    text = (proc.stdout.strip().splitlines() or [""])[-1] or (proc.stderr.strip().splitlines() or [""])[-1]
-    if proc.returncode < 0:
-        text = f"the smoke test's parent was stopped by signal {-proc.returncode}: {text}"
-    return SmokeResult(proc.returncode == 0, text or f"exit status {proc.returncode}",
-                       stopped=proc.returncode < 0 or proc.returncode == 4)
-
-
-def ensure_llama(python: str, venv: Path, wheelhouse_root: Path,
-                 smoke: Callable[[str], SmokeResult] = run_smoke,
-                 install: Callable[[str, Path, Build], None] = install_wheel,
-                 plans: Callable[[str], Build] | None = None, kernels: str = DEFAULT_KERNELS) -> Build:
-    """Install a llama.cpp build that passes the smoke test: the host build, else the conservative
-    one (both with the same kernels). Raises SystemExit with the reason when neither passes."""
-    candidates, skipped = builds_to_try(plans or (lambda mode: plan(mode, wheelhouse_root, kernels=kernels)))
-    for build in skipped:
-        log(f"the {build.name} (key {build.key}) failed its smoke test before; "
-            f"using the {candidates[0].name}")
-    last = ""
-    for i, build in enumerate(candidates):
-        install(python, venv, build)
-        result = smoke(python)
-        if result.ok:
-            log(f"{build.name} (key {build.key}): {result.line}")
-            return build
-        if result.stopped:  # not the build's fault: nothing is marked, the next set-up tries it again
-            raise SystemExit(f"setup: error: {build.name} (key {build.key}): {result.line}. "
-                             f"Run set-up again.")
-        last = result.line
-        log(f"{build.name} (key {build.key}): {result.line}")
-        build.folder.mkdir(parents=True, exist_ok=True)
-        (build.folder / FAILED_MARK).write_text(result.line + "\n", encoding="utf-8")
-        if i + 1 < len(candidates):
-            log(f"rebuilding once with the {candidates[i + 1].mode} ISA set "
-                f"({', '.join(sorted(CONSERVATIVE_ISA))})")
-    raise SystemExit(f"setup: error: llama.cpp does not run on this machine even when built for "
-                     f"{', '.join(sorted(CONSERVATIVE_ISA))} only: {last}. "
-                     f"Run '.venv/bin/promptlookup doctor' for details.")
-
-
-def compile_kernels(python: str) -> None:
-    """``promptlookup compile``: numba compiles the drafting kernels now and caches them on disk, so
-    the first run after set-up loads them instead of compiling them (about 10 s on 2 cores)."""
-    log("compiling the drafting kernels (numba; cached on disk for every later run)")
-    proc = subprocess.run([python, "-m", "promptlookup", "compile"], capture_output=True, text=True)
-    last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-    if proc.returncode != 0:
-        raise SystemExit(f"setup: error: compiling the drafting kernels failed: {last}")
-    log(last)
-
-
 def default_wheelhouse() -> Path:
+    """``$PROMPTLOOKUP_WHEELHOUSE``, else ``~/.cache/promptlookup/wheelhouse``: shared by every
+    environment of this user, so a second venv (or a clone's set-up and ``setup-llama``) reuses the
+    wheel instead of compiling llama.cpp again."""
     root = os.environ.get("PROMPTLOOKUP_WHEELHOUSE")
     return Path(root) if root else Path.home() / ".cache" / "promptlookup" / "wheelhouse"
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    sub = ap.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("setup", help="install llama.cpp (safe build, proven) and promptlookup into a venv")
-    s.add_argument("--venv", type=Path, default=Path(".venv"))
-    s.add_argument("--extras", choices=("core", "all"), default="all")
-    kernels_help = (f"matmul kernels (default: ${KERNELS_ENV} or {DEFAULT_KERNELS}): invariant = "
-                    "bit-identical rows whatever the batch (speculative output equals plain decoding); "
-                    "fast = llama.cpp's defaults (tinyBLAS, repacked weights)")
-    s.add_argument("--kernels", choices=KERNELS, default=None, help=kernels_help)
-    a = sub.add_parser("cmake-args", help="print the CMake arguments for a build mode")
-    a.add_argument("mode", choices=MODES)
-    a.add_argument("--kernels", choices=KERNELS, default=None, help=kernels_help)
-    k = sub.add_parser("key", help="print the wheelhouse key for a build mode")
-    k.add_argument("mode", choices=MODES)
-    k.add_argument("--kernels", choices=KERNELS, default=None, help=kernels_help)
-    args = ap.parse_args(argv)
-    kernels = args.kernels or default_kernels()
-
-    if args.command == "cmake-args":
-        print(" ".join(cmake_args(args.mode, cpu_flags(), kernels=kernels)))
-        return 0
-    if args.command == "key":
-        print(plan(args.mode, default_wheelhouse(), kernels=kernels).key)
-        return 0
-    python = str(args.venv / "bin" / "python")
-    wheelhouse = default_wheelhouse()
-    build = ensure_llama_before_project(python, args.venv, wheelhouse, args.extras, kernels)
-    compile_kernels(python)
-    log(f"ready: llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} ({build.name} {build.key}), "
-        f"promptlookup installed in {args.venv}")
-    return 0
 
 
 def default_kernels() -> str:
@@ -498,17 +314,3 @@ def default_kernels() -> str:
     if value not in KERNELS:
         raise SystemExit(f"setup: error: {KERNELS_ENV}={value!r} is not one of {', '.join(KERNELS)}")
     return value
-
-
-def ensure_llama_before_project(python: str, venv: Path, wheelhouse_root: Path, extras: str,
-                                kernels: str = DEFAULT_KERNELS) -> Build:
-    """Install order: the llama.cpp wheel (so pip never builds one itself), then the project, then
-    the proof (the smoke test needs promptlookup installed)."""
-    first = builds_to_try(lambda mode: plan(mode, wheelhouse_root, kernels=kernels))[0][0]
-    install_wheel(python, venv, first)
-    install_project(python, first.folder, extras)
-    return ensure_llama(python, venv, wheelhouse_root, kernels=kernels)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
