@@ -16,6 +16,20 @@ import time
 SRC = str(pathlib.Path(__file__).resolve().parents[1] / "src")
 READY = "promptlookup serve: listening on "
 
+#: two tools the tool-calling server tests declare (the bundled model's and Qwen's), and their
+#: parameter schemas by name
+READ = {"type": "object", "properties": {"path": {"type": "string", "maxLength": 60},
+                                         "line": {"type": "integer", "minimum": 1, "maximum": 9999}},
+        "required": ["path"], "additionalProperties": False}
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
+                                            "unit": {"enum": ["celsius", "fahrenheit"]}},
+           "required": ["city", "unit"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "Read a file of the project",
+                                           "parameters": READ}},
+         {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                           "parameters": WEATHER}}]
+SCHEMAS = {"read_file": READ, "get_weather": WEATHER}
+
 
 def server_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "PROMPTLOOKUP_API_KEY"}

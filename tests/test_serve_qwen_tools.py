@@ -14,22 +14,12 @@ import json
 import jsonschema_rs
 import pytest
 from conftest import installed_model_path
+from serving import SCHEMAS, TOOLS
 
 openai = pytest.importorskip("openai")
 
 pytestmark = pytest.mark.model
 
-READ = {"type": "object", "properties": {"path": {"type": "string", "maxLength": 60},
-                                         "line": {"type": "integer", "minimum": 1, "maximum": 9999}},
-        "required": ["path"], "additionalProperties": False}
-WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
-                                            "unit": {"enum": ["celsius", "fahrenheit"]}},
-           "required": ["city", "unit"], "additionalProperties": False}
-TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "Read a file of the project",
-                                           "parameters": READ}},
-         {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
-                                           "parameters": WEATHER}}]
-SCHEMAS = {"read_file": READ, "get_weather": WEATHER}
 WEATHER_Q, FILE_Q, HELLO = "What is the weather in Paris?", "Open src/app.py at line 12.", "Hi! How are you?"
 
 
