@@ -87,10 +87,10 @@ def build_problem(info: str) -> str | None:
     """What keeps this llama.cpp build from being promptlookup's safe one, read from its system info
     (None: it is that build). A build pip made from upstream's source has llama.cpp's default kernels,
     whose result for a row depends on the batch, and lacks the flash-attention patch."""
-    found = [k.split(" = ")[0] for k in BATCH_DEPENDENT_KERNELS if k in info]
-    if found:
+    if not invariant_build(info):
+        found = [k.split(" = ")[0] for k in BATCH_DEPENDENT_KERNELS if k in info]
         return f"its matmul kernels depend on the batch ({', '.join(found)})"
-    if FLASH_ATTENTION_ONE_PATH not in info:
+    if not one_path_flash_attention(info):
         return "its flash attention is not the one-path patch"
     return None
 
