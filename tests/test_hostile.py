@@ -192,6 +192,21 @@ def test_bad_cached_curve_is_measured_again_with_a_warning(tmp_path, monkeypatch
     assert "a number of 400 characters is out of range" in err
 
 
+def test_a_curve_measured_says_so_in_one_line_and_a_cached_one_is_silent(tmp_path, monkeypatch, capsys):
+    from promptlookup.backends import costs
+
+    monkeypatch.setenv("PROMPTLOOKUP_CACHE", str(tmp_path / "cache"))
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    backend = _TimedFake(model)
+    first = costs.cached_cost_curve(backend, max_tokens=2)
+    path = costs.curve_cache_path(model, "fake", 1)
+    assert capsys.readouterr().err == ("promptlookup: measuring this model's verify cost curve for auto (once "
+                                       f"per model, threads and build; cached in {path})\n")
+    assert costs.cached_cost_curve(backend, max_tokens=2).seconds == first.seconds
+    assert capsys.readouterr().err == ""
+
+
 def test_stats_reads_the_curve_before_the_replay(tmp_path, monkeypatch, capsys):
     import promptlookup.measure.stats as replay  # run_stats lives in measure/stats.py
 

@@ -73,6 +73,9 @@ def cached_cost_curve(backend: Model, max_tokens: int = 9, refresh: bool = False
         except CostCurveError as exc:  # a damaged cache entry is measured again
             print(f"promptlookup: warning: cached cost curve unusable, measuring it again ({exc})",
                   file=sys.stderr)
+    if not refresh:  # what a long first load (about 17 s on a 1.5B) is doing, said once
+        print(f"promptlookup: measuring this model's verify cost curve for auto (once per model, threads "
+              f"and build; cached in {path})", file=sys.stderr)
     curve = measure_cost_curve(backend, max_tokens=max_tokens)
     curve.save(path)
     return curve
