@@ -359,27 +359,32 @@ def test_tools_on_the_command_line(capsys, tmp_path):
 @requires_model
 def test_serve_decodes_16_requests_together_by_default_fewer_where_their_caches_take_too_much(monkeypatch):
     from promptlookup.backends import models
-    from promptlookup.serve.slots import DEFAULT_PARALLEL, KV_MEMORY_SHARE, default_parallel
+    from promptlookup.backends.context_size import KV_MEMORY_SHARE, MAX_SLOTS, default_context
 
-    assert (DEFAULT_PARALLEL, KV_MEMORY_SHARE) == (16, 0.25)
+    def parallel(backend, model, n_ctx):
+        choice = default_context(backend, model, n_ctx=n_ctx, slots=True)
+        return choice.parallel, choice.line
+
+    assert (MAX_SLOTS, KV_MEMORY_SHARE) == (16, 0.25)
     _, per_token = models.kv_cache_estimate(models.bundled_model_path())
     assert per_token == 30 * 2 * 3 * 64 * 2  # layers x (K, V) x KV heads x head size x f16
     one_slot = 4096 * per_token  # 90 MiB
     monkeypatch.setattr(models, "available_memory", lambda: 4 * 16 * one_slot)
-    assert default_parallel("llama.cpp", None, 4096) == (16, None)  # exactly a quarter: all 16
-    assert default_parallel("transformers", None, 4096) == (1, None)  # one sequence at a time
-    assert default_parallel("llama.cpp", "/nonexistent.gguf", 4096) == (16, None)  # the engine names it
+    assert parallel("llama.cpp", None, 4096) == (16, None)  # exactly a quarter: all 16
+    assert parallel("transformers", None, 4096) == (1, None)  # one sequence at a time
+    with pytest.raises(models.ModelError, match="nonexistent.gguf"):
+        parallel("llama.cpp", "/nonexistent.gguf", 4096)  # named as loading it would
     monkeypatch.setattr(models, "available_memory", lambda: 4 * 16 * one_slot - 1)
-    assert default_parallel("llama.cpp", None, 4096) == (
+    assert parallel("llama.cpp", None, 4096) == (
         15, "--parallel defaults to 15, not 16: the KV caches of 16 x 4096 positions would take 1.4 GiB, "
             "more than 25% of the 5.6 GiB of memory available")
-    assert default_parallel("llama.cpp", None, 1024)[0] == 16  # shorter caches: all fit again
+    assert parallel("llama.cpp", None, 1024)[0] == 16  # shorter caches: all fit again
     monkeypatch.setattr(models, "available_memory", lambda: 7 * one_slot)
-    assert default_parallel("llama.cpp", None, 4096)[0] == 1
+    assert parallel("llama.cpp", None, 4096)[0] == 1
     monkeypatch.setattr(models, "available_memory", lambda: 1)
-    assert default_parallel("llama.cpp", None, 4096)[0] == 1  # the engine refuses it when it loads
+    assert parallel("llama.cpp", None, 4096)[0] == 1  # the engine refuses it when it loads
     monkeypatch.setattr(models, "available_memory", lambda: None)  # not Linux: no figure to size by
-    assert default_parallel("llama.cpp", None, 4096) == (16, None)
+    assert parallel("llama.cpp", None, 4096) == (16, None)
 
 
 @requires_model

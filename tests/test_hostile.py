@@ -201,8 +201,8 @@ def test_a_curve_measured_says_so_in_one_line_and_a_cached_one_is_silent(tmp_pat
     backend = _TimedFake(model)
     first = costs.cached_cost_curve(backend, max_tokens=2)
     path = costs.curve_cache_path(model, "fake", 1)
-    assert capsys.readouterr().err == ("promptlookup: measuring this model's verify cost curve for auto (once "
-                                       f"per model, threads and build; cached in {path})\n")
+    assert capsys.readouterr().err == ("promptlookup: measuring this model's verify cost curve for auto "
+                                       f"(once per model, threads and build; cached in {path})\n")
     assert costs.cached_cost_curve(backend, max_tokens=2).seconds == first.seconds
     assert capsys.readouterr().err == ""
 

@@ -401,8 +401,8 @@ def _positive_float(what: str):
 
 def _add_serve_command(sub) -> None:
     from promptlookup.api import DEFAULT_SPECULATE, MAX_PARALLEL
+    from promptlookup.backends.context_size import MAX_SLOTS
     from promptlookup.batching.scheduler import DEFAULT_PREFILL_CHUNK
-    from promptlookup.serve.slots import DEFAULT_PARALLEL
 
     s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (chat, completions, streaming)",
                        description="Serve /v1/chat/completions, /v1/completions, /v1/models, /health and "
@@ -427,7 +427,7 @@ def _add_serve_command(sub) -> None:
                                "--suffix-history-budget": ("--history-budget",)})
     s.add_argument("--parallel", "-np", type=_int_in(1, MAX_PARALLEL, "--parallel"), metavar="N",
                    help=f"requests decoded together by continuous batching, each with --ctx-size "
-                        f"positions of its own (default {DEFAULT_PARALLEL} on llama.cpp, fewer where "
+                        f"positions of its own (default {MAX_SLOTS} on llama.cpp, fewer where "
                         "their caches would take more than a quarter of the memory available: at "
                         "least 4 before a slot's default context drops below its cap; 1 on "
                         "transformers: one at a time)")

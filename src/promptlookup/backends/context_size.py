@@ -39,7 +39,14 @@ from pathlib import Path
 SEQUENCE_CAP = 32768  # positions, the default's cap for one sequence
 SLOT_CAP = 16384  # positions, the default's cap for each of a server's slots
 FLOOR = 4096  # positions: the least the default goes to (the old default), unless the model is shorter
-MAX_SLOTS = 16  # --parallel's default on llama.cpp (serve.slots.default_parallel says why 16)
+#: --parallel's default on llama.cpp (fewer where their caches take more than KV_MEMORY_SHARE; one on a
+#: backend that cannot batch). Why 16: measured on the 2-core development machine with the column matmul
+#: (docs/results.md, many users at once, three runs on 2026-12-03), 16 slots served 188.0, 193.0 and 194.8
+#: tok/s to 16 clients against 141.4, 159.0 and 131.0 for 4 slots (about 2x one request at a time, against
+#: 1.4-1.6x), with a time to first token at p95 of 1.4-1.7 s against 10-12 s; at 4 clients 136.8 / 141.0 /
+#: 148.8 against 141.4 / 137.0 / 138.5, and alone level within the passes' spread: no worse where fewer
+#: clients come. A slot nobody uses costs only its memory, so the limit is memory.
+MAX_SLOTS = 16
 MIN_SLOTS = 4  # slots a server keeps before it gives up context below its cap
 KV_MEMORY_SHARE = 0.25  # of the memory available, what the default's KV caches may take
 STEP = 256  # a context cut for memory is a multiple of this (llama.cpp pads to it anyway)
