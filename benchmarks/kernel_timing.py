@@ -4,7 +4,7 @@ Why this script: a kernel change (named bundles instead of index constants, a sp
 not cost speed, and two runs at two times on a shared machine measure the load as much as the code.
 So both trees run in the same session, as child processes that alternate round by round (base, tree,
 tree, base, ...), each on the same token ids, and the figures are medians over rounds: a load that
-comes and goes hits both about alike. ``draft_calls.py`` measures one tree at a time; this one
+comes and goes hits both about alike. It
 compares a git commit (its ``src/`` unpacked by ``git archive`` into a temporary folder) with the
 working tree.
 

@@ -2,7 +2,12 @@
 
 ``--workload fast_apply`` or ``summaries``: each item's prompt is one chat request (temperature 0);
 per item the wall seconds, completion tokens, and for fast_apply whether the reply is exactly the
-expected file (the "checker" column). ``--workload agents`` (the default) runs sessions:
+expected file (the "checker" column). ``--workload tool_turns``: each BFCL task's first user turn, with
+its tools, asked twice: ``tool_choice: "auto"`` (the reply is ``call``: it came back as ``tool_calls``;
+``missed``: text holding a JSON object that names a declared tool, a call the server did not return as
+one; or ``text``) and ``"required"`` (every reply must be calls to declared tools whose arguments
+validate against the tool's ``parameters``, checked with ``jsonschema``, the reference validator).
+``--workload agents`` (the default) runs sessions:
 
 Each task (``benchmarks/workloads/real/agents.py`` builds them: ``multi_turn_base`` and
 ``multi_turn_miss_func`` of ``bfcl-eval``) is run as an agent runs it, through the official
@@ -76,7 +81,7 @@ from real.sources import site_dir, site_ready  # noqa: E402
 
 OUR_SRC = HERE.parent / "src"
 ROW_KEYS = ("ours-off", "ours", "ls", "ls-spec")
-WORKLOADS = {"agents": 512, "fast_apply": 2048, "summaries": 384}  # workload -> default max_tokens
+WORKLOADS = {"agents": 512, "tool_turns": 256, "fast_apply": 2048, "summaries": 384}  # -> default max_tokens
 SIM_PREFIX = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code"
 # class -> simulator module (bfcl_eval.constants.executable_backend_config.CLASS_FILE_PATH_MAPPING)
 SIM_MODULES = {"GorillaFileSystem": "gorilla_file_system", "MathAPI": "math_api", "MessageAPI": "message_api",
@@ -304,6 +309,104 @@ def check(task: dict[str, Any], s: Session) -> tuple[bool, str]:
     return bool(result["valid"]), result.get("error_type", "")
 
 
+# -- tool_turns: do calls come back as calls? --------------------------------------------------
+@dataclass
+class Turn:
+    """One task's first turn, asked both ways."""
+
+    task: str
+    tools: int
+    prompt_tokens: int = 0
+    auto: str = ""  # call | missed | text | error: ...
+    auto_calls: list[str] = field(default_factory=list)
+    required: str = ""  # valid | invalid: why | error: ...
+    required_calls: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def declared_call_in_text(text: str, names: set[str]) -> bool:
+    """Whether ``text`` holds a JSON object whose ``name`` is a declared tool (a call left as text)."""
+    decoder = json.JSONDecoder()
+    for i, ch in enumerate(text):
+        if ch != "{":
+            continue
+        try:
+            obj, _ = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict) and obj.get("name") in names:
+            return True
+    return False
+
+
+def check_required(calls: list[tuple[str, str]], schemas: dict[str, dict[str, Any]]) -> str:
+    """``valid``, or ``invalid: <the first problem>`` for a ``required`` reply's calls."""
+    import jsonschema
+
+    if not calls:
+        return "invalid: no tool call"
+    for name, arguments in calls:
+        if name not in schemas:
+            return f"invalid: {name!r} is not a declared tool"
+        try:
+            args = json.loads(arguments) if arguments else {}
+        except json.JSONDecodeError as exc:
+            return f"invalid: {name} arguments are not JSON ({exc.msg})"
+        problem = jsonschema.exceptions.best_match(
+            jsonschema.Draft202012Validator(schemas[name]).iter_errors(args))
+        if problem is not None:
+            return f"invalid: {name}: {problem.message}"[:200]
+    return "valid"
+
+
+def run_first_turn(client: Any, model: str, task: dict[str, Any], max_tokens: int) -> Turn:
+    """A task's first user turn asked with ``tool_choice`` auto, then required (the same prompt: the
+    server reuses its prefill)."""
+    tools = list(task["tools"])
+    names = {t["function"]["name"] for t in tools}
+    schemas = {t["function"]["name"]: t["function"].get("parameters") or {"type": "object"} for t in tools}
+    turn = Turn(task["id"], len(tools))
+    messages = list(task["turns"][0])
+    t0 = time.perf_counter()
+    for choice in ("auto", "required"):
+        try:
+            resp = client.chat.completions.create(model=model, messages=messages, tools=tools,
+                                                  tool_choice=choice, temperature=0, max_tokens=max_tokens)
+        except REQUEST_ERRORS as exc:
+            setattr(turn, choice, f"error: {type(exc).__name__}: {exc}"[:200])
+            continue
+        msg = resp.choices[0].message
+        calls = [(c.function.name, c.function.arguments) for c in msg.tool_calls or []]
+        shown = [f"{n}({a})"[:120] for n, a in calls]
+        if resp.usage is not None:
+            turn.prompt_tokens = resp.usage.prompt_tokens
+        if choice == "auto":
+            turn.auto_calls = shown or [(msg.content or "")[:120]]
+            turn.auto = "call" if calls else ("missed" if declared_call_in_text(msg.content or "", names)
+                                              else "text")
+        else:
+            turn.required_calls = shown or [(msg.content or "")[:120]]
+            turn.required = check_required(calls, schemas)
+    turn.seconds = time.perf_counter() - t0
+    return turn
+
+
+def tool_table(turns: list[Turn]) -> str:
+    lines = ["| task | tools | prompt tokens | auto | required | seconds |", "|---|---|---|---|---|---|"]
+    for t in turns:
+        lines.append(f"| {t.task} | {t.tools} | {t.prompt_tokens} | {t.auto} | {t.required} "
+                     f"| {t.seconds:.0f} |")
+    n = len(turns)
+    calls = sum(t.auto == "call" for t in turns)
+    missed = sum(t.auto == "missed" for t in turns)
+    valid = sum(t.required == "valid" for t in turns)
+    lines.append("")
+    lines.append(f"tool_choice auto: {calls} of {n} first turns came back as tool_calls, {missed} calls left "
+                 f"as text, {n - calls - missed} answered in words or failed; tool_choice required: "
+                 f"{valid} of {n} answers are calls that validate against their tool")
+    return "\n".join(lines)
+
+
 # -- servers ---------------------------------------------------------------------------------------
 def row_argv(key: str, args: argparse.Namespace) -> list[str]:
     model, t, ctx = str(args.model), str(args.threads), str(args.ctx)
@@ -345,6 +448,8 @@ def run_row(key: str, base_url: str | None, tasks: list[dict[str, Any]], args: a
             if args.workload == "agents":
                 s = run_session(client, model, task, key, args.max_steps, args.max_tokens)
                 s.valid, s.error_type = check(task, s)
+            elif args.workload == "tool_turns":
+                s = run_first_turn(client, model, task, args.max_tokens)
             else:
                 s = run_prompt(client, model, task, key, args.max_tokens)
             out.append(s)
@@ -405,6 +510,30 @@ def table(sessions: list[Session]) -> str:
     return "\n".join(out)
 
 
+def tool_turns(keys: list[str], tasks: list[dict[str, Any]], args: argparse.Namespace) -> int:
+    """``--workload tool_turns``: each row's first turns, then :func:`tool_table` per row."""
+    from promptlookup.fileio import atomic_write_text
+
+    turns: dict[str, list[Turn]] = {}
+
+    def emit(t: Turn) -> None:
+        print(f"  {t.task}: auto {t.auto} {t.auto_calls[:2]}; required {t.required} ({t.seconds:.0f} s)",
+              file=sys.stderr, flush=True)
+        turns.setdefault(key, []).append(t)
+        if args.jsonl:
+            atomic_write_text(args.jsonl, "".join(json.dumps({"row": k, **asdict(x)}) + "\n"
+                                                  for k, ts in turns.items() for x in ts))
+
+    with tempfile.TemporaryDirectory(prefix="serve_real-") as logdir:
+        for key in keys:
+            run_row(key, args.url, tasks, args, Path(logdir), emit)
+    md = "\n\n".join(f"**{k}**\n\n{tool_table(ts)}" for k, ts in turns.items())
+    print(md)
+    if args.md:
+        atomic_write_text(args.md, md + "\n")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-m", "--model", type=Path, help="GGUF for the servers started here")
@@ -419,7 +548,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--max-steps", type=int, default=20,
                     help="requests per turn before a force-quit (BFCL: 20)")
     ap.add_argument("--max-tokens", type=int, default=None,
-                    help="max_tokens of every request (default: agents 512, fast_apply 2048, summaries 384)")
+                    help="max_tokens of every request (default: agents 512, tool_turns 256, fast_apply 2048, "
+                         "summaries 384)")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-c", "--ctx", type=int, default=16384, help="context of the servers started here")
     ap.add_argument("--speculate", default="auto", help="the ours row's --speculate (default auto)")
@@ -440,7 +570,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.workload == "agents":
             use_site()
-        items = read_jsonl(args.items or workloads_root() / "real" / args.workload / "items.jsonl")
+        folder = "agents" if args.workload == "tool_turns" else args.workload
+        items = read_jsonl(args.items or workloads_root() / "real" / folder / "items.jsonl")
     except WorkloadError as exc:
         print(f"serve_real: error: {exc}", file=sys.stderr)
         return 2
@@ -455,6 +586,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         items = items[:args.tasks]
     from promptlookup.fileio import atomic_write_text
 
+    if args.workload == "tool_turns":
+        return tool_turns(keys, items, args)
     sessions: list[Session] = []
 
     def emit(s: Session) -> None:

@@ -342,3 +342,42 @@ def test_build_command_refuses_an_unknown_workload(capsys):
         build.main(["--only", "fast_apply,nope"])
     assert exc.value.code == 2
     assert "--only: unknown workload 'nope' (known: fast_apply, summaries, agents)" in capsys.readouterr().err
+
+
+def test_tool_turns_sorts_calls_calls_left_as_text_and_words_and_validates_required():
+    import serve_real
+
+    names = {"mv", "ls"}
+    assert serve_real.declared_call_in_text('```json\n{"name": "mv", "arguments": {}}\n```', names)
+    assert serve_real.declared_call_in_text('Sure: {"x": 1} then {"name": "ls"}', names)
+    assert not serve_real.declared_call_in_text('{"name": "rm", "arguments": {}}', names)  # not declared
+    assert not serve_real.declared_call_in_text("{ not json", names)
+
+    schema = {"type": "object", "properties": {"source": {"type": "string"}, "n": {"type": "integer"}},
+              "required": ["source"]}
+    schemas = {"mv": schema}
+    assert serve_real.check_required([("mv", '{"source": "a", "n": 2}')], schemas) == "valid"
+    assert serve_real.check_required([], schemas) == "invalid: no tool call"
+    assert serve_real.check_required([("rm", "{}")], schemas) == "invalid: 'rm' is not a declared tool"
+    assert serve_real.check_required([("mv", '{"n": 2}')], schemas) == \
+        "invalid: mv: 'source' is a required property"
+    assert serve_real.check_required([("mv", '{"source": "a", "n": "2"}')], schemas) == \
+        "invalid: mv: '2' is not of type 'integer'"
+    not_json = serve_real.check_required([("mv", "{")], schemas)
+    assert not_json.startswith("invalid: mv arguments are not JSON (")
+
+    tools = [{"type": "function", "function": {"name": "mv", "parameters": schema}}]
+    task = {"id": "t", "tools": tools, "turns": [[{"role": "user", "content": "move a"}]]}
+    fenced = '```json\n{"name": "mv", "arguments": {"source": "a"}}\n```'
+    client = ReplayClient([fenced, [("mv", {"source": "a"})]])
+    turn = serve_real.run_first_turn(client, "m", task, 64)
+    assert (turn.auto, turn.required, turn.prompt_tokens, turn.tools) == ("missed", "valid", 100, 1)
+    assert [kw["tool_choice"] for kw in client.sent] == ["auto", "required"]
+    assert client.sent[0]["messages"] == client.sent[1]["messages"] == task["turns"][0]
+    turn = serve_real.run_first_turn(ReplayClient([[("mv", {"source": "a"})], "I cannot."]), "m", task, 64)
+    assert (turn.auto, turn.required) == ("call", "invalid: no tool call")
+    assert turn.auto_calls == ['mv({"source": "a"})']
+    table = serve_real.tool_table([turn])
+    assert table.splitlines()[-1] == (
+        "tool_choice auto: 1 of 1 first turns came back as tool_calls, 0 calls left as text, 0 answered in "
+        "words or failed; tool_choice required: 0 of 1 answers are calls that validate against their tool")
