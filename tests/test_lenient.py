@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from promptlookup.api import Chunk, Completion, _tool_chunks
-from promptlookup.lenient import parse, possible
+from promptlookup.lenient import mixed_hold, parse, parse_mixed, possible
 from promptlookup.telemetry import Counters
 from promptlookup.tools import FORMATS, parse_tools
 
@@ -134,7 +134,70 @@ def test_the_template_format_comes_first_and_content_before_tags_streams():
     assert (content, calls, finish) == ("I will call it.\n", [("read_file", '{"path": "a"}')], "tool_calls")
 
 
-REPLIES = ['{"name": "read_file", "arguments": {"a": 1, "a": 2}}',  # a repeated key: text at the end
+# Qwen2.5-Coder-1.5B's reply shape once a BFCL conversation holds tool results: the call explained
+PROSE_CALL = ('To buy the shares, I will place the order:\n\n```json\n{\n  "name": "read_file",\n'
+              '  "arguments": {"path": "a"}\n}\n```\n\nThis places a buy order.')
+
+
+def _mixed(text: str):
+    got = parse_mixed(text, TOOLS)
+    return None if got is None else (got[0], [(c.name, c.arguments) for c in got[1]])
+
+
+@pytest.mark.parametrize("text, expected", [
+    (PROSE_CALL, ("To buy the shares, I will place the order:\n\n\n\nThis places a buy order.",
+                  [("read_file", '{"path": "a"}')])),
+    ('Two: ```json {"name": "read_file", "arguments": {}}``` and ```{"name": "get_weather", '
+     '"parameters": {"city": "Oslo"}}```.',
+     ("Two:  and .", [("read_file", "{}"), ("get_weather", '{"city": "Oslo"}')])),
+    # a code fence first: its closing backticks are not an opening; the call after it is one
+    ('```python\nx = 1\n```\nNow: ```json\n{"name": "read_file", "arguments": {}}\n```',
+     ("```python\nx = 1\n```\nNow: ", [("read_file", "{}")])),
+    ('A result: ```json\n{"name": "rm", "arguments": {}}\n``` then ```json\n{"name": "read_file", '
+     '"arguments": {}}\n```', ('A result: ```json\n{"name": "rm", "arguments": {}}\n``` then ',
+                               [("read_file", "{}")])),
+    ('Like this: {"name": "read_file", "arguments": {}}', None),  # a bare object in prose: text
+    ('See ```json\n{"name": "read_file", "arguments": {}}\n', None),  # the fence never closed
+    ('```json\n{"name": "read_file", "arguments": {}, "id": 1}\n```', None),  # another key
+    ("Hello! ```` ` ``", None),
+])
+def test_fenced_calls_in_prose_are_calls_and_the_prose_is_the_content(text, expected):
+    assert _mixed(text) == expected
+
+
+@pytest.mark.parametrize("text, hold", [
+    ("Hello there", 11),
+    ("Run `ls`", 7),  # held: a backtick at the end, until the next character
+    ("Run `", 4),  # a backtick at the end may open a fence
+    ("Run ``", 4),
+    ("Run ```", 4),
+    ("Run ```py", 9),  # not a call's fence: released, inside it
+    ("Run ```python\nx = 1\n``", 22),  # its closing backticks close it, open nothing
+    ("Run ```python\nx = 1\n```\nand ``", 28),
+    ("```python\nx = 1\n````", 19),  # after a closing fence, one more backtick may open another
+    ('Run ```json\n{"name": "read_f', 4),
+    ('Run ```json\n{"name": "rm"', 25),  # an undeclared tool: released
+    ('Run ```json\n{"name": "read_file", "arguments": {}}\n``` then more', 4),  # a call: held to the end
+    (PROSE_CALL, PROSE_CALL.index("```")),
+])
+def test_prose_streams_up_to_the_first_fence_that_may_be_a_call(text, hold):
+    assert mixed_hold(text, NAMES) == hold
+
+
+def test_a_call_explained_in_prose_streams_its_prose_and_ends_as_tool_calls():
+    cut = PROSE_CALL.index("```") + 5
+    texts, content, calls, finish, n = _stream(["To buy the", PROSE_CALL[10:cut], PROSE_CALL[cut:]])
+    assert texts == ["To buy the", " shares, I will place the order:\n\n", "\n\nThis places a buy order."]
+    assert (content, calls, finish, n) == ("".join(texts), [("read_file", '{"path": "a"}')], "tool_calls",
+                                           len(PROSE_CALL))
+    assert _stream([PROSE_CALL], lenient=False)[2] is None  # auto only
+    _, content, calls, finish, _ = _stream([PROSE_CALL], finish="length")  # cut: all text
+    assert (content, calls, finish) == (PROSE_CALL, None, "length")
+
+
+REPLIES = [PROSE_CALL, '```python\nx = "```"\n```\n```json\n{"name": "get_weather", "arguments": {}}\n``` ok',
+           'Say ``` then {"name": "read_file", "arguments": {}}',
+           '{"name": "read_file", "arguments": {"a": 1, "a": 2}}',  # a repeated key: text at the end
            '{"name": "read_file", "arguments": {"x": -Infinity}}',  # not JSON: text
            QWEN_FENCED, QWEN_BARE, '{"name": "rm", "arguments": {}}', "Hello! Sure.",
            '```python\nx = 1\n```', '{"name": "read_file", "arguments": {}} Done.',
@@ -185,3 +248,22 @@ def test_every_prefix_of_a_reply_that_parses_may_still_become_a_call(name, key, 
     if calls is not None:
         assert calls == [(name, json.dumps(decoded, ensure_ascii=False))]
         assert all(possible(text[:k], NAMES) for k in range(len(text) + 1))
+
+
+@settings(max_examples=200, deadline=None)
+@given(before=st.text(alphabet="ab `\n{}", max_size=12), after=st.text(alphabet="ab `\n{}", max_size=12),
+       name=st.sampled_from([*NAMES, "rm"]), fence=st.sampled_from(["```", "```json\n", "```JSON "]),
+       cuts=st.lists(st.integers(0, 120), max_size=6))
+def test_a_stream_never_releases_a_fenced_call_and_its_hold_never_goes_back(before, after, name, fence, cuts):
+    text = before + fence + json.dumps({"name": name, "arguments": {"x": 1}}) + "\n```" + after
+    holds = [mixed_hold(text[:k], NAMES) for k in range(len(text) + 1)]
+    assert holds == sorted(holds) and all(h <= k for k, h in enumerate(holds))
+    got = parse_mixed(text, TOOLS)
+    content = text if got is None else got[0]
+    assert content.startswith(text[:holds[-1]])  # what a stream released is the content's beginning
+    if name in NAMES and "```" not in before and not before.endswith("`"):
+        assert got is not None and got[1][0].name == name  # nothing before it opens a fence: a call
+    points = sorted({min(c, len(text)) for c in cuts} | {0, len(text)})
+    pieces = [text[a:b] for a, b in zip(points, points[1:], strict=False)]
+    texts, streamed, calls, *_ = _stream(pieces)
+    assert (streamed, calls) == _stream([text])[1:3] and "".join(texts) == streamed

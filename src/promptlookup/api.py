@@ -42,6 +42,7 @@ from promptlookup.drafting.base import DraftSource, report_of
 from promptlookup.drafting.spec import OFF, Run, SourceSpec, SpecError, save_state, source_factory
 from promptlookup.errors import RequestError, UsageError, check_prompt_fits
 from promptlookup.grammar import Constraint, eog_ids, grammar_tokenizer
+from promptlookup.lenient import mixed_hold, parse_mixed
 from promptlookup.lenient import parse as lenient_parse
 from promptlookup.lenient import possible as lenient_possible
 from promptlookup.options import MAX_STOP_CHARS, MAX_STOPS, RequestOptions
@@ -627,9 +628,12 @@ def _tool_chunks(chunks: Iterator[Chunk], fmt: ToolFormat, tools: Sequence[Any],
     ``lenient`` (``tool_choice: "auto"``): a reply that is only JSON calls of the tools, bare or
     fenced (:mod:`promptlookup.lenient`), is calls too, when the format's own parse finds none; the
     whole reply is held while it may still become one, and released from the first character that
-    rules that out. Held text depends only on the text so far, never on how it was cut into chunks,
-    so a stream's content and calls are the whole answer's."""
+    rules that out. Failing that, fenced calls in prose are calls (:func:`~promptlookup.lenient.parse_mixed`)
+    and the prose around them the content: prose streams up to the first fence that may be a call.
+    Held text depends only on the text so far, never on how it was cut into chunks, so a stream's
+    content and calls are the whole answer's."""
     names = [t.name for t in tools]
+    mixed = lenient
     text = ""
     sent = 0
     tokens: list[int] = []
@@ -643,19 +647,22 @@ def _tool_chunks(chunks: Iterator[Chunk], fmt: ToolFormat, tools: Sequence[Any],
             c = chunk.completion
             if c is None:
                 lenient = lenient and lenient_possible(text, names)
-                safe = 0 if lenient else max(sent, fmt.safe_prefix(text))
+                safe = 0 if lenient else fmt.safe_prefix(text)
+                if mixed:
+                    safe = min(safe, mixed_hold(text, names))
+                safe = max(sent, safe)
                 if safe > sent:
                     yield Chunk(text[sent:safe], tokens, logprobs=lps)
                     sent, tokens, lps = safe, [], None
                 continue
             parsed = fmt.parse(c.text, tools) if c.finish_reason == "stop" else None
-            if parsed is None and lenient and c.finish_reason == "stop":
-                calls = lenient_parse(c.text, tools)
-                parsed = None if calls is None else ("", calls)
+            if parsed is None and mixed and c.finish_reason == "stop":
+                calls = lenient_parse(c.text, tools) if lenient else None
+                parsed = ("", calls) if calls is not None else parse_mixed(c.text, tools)
             if parsed is not None:
                 content, calls = parsed
                 c.text, c.tool_calls, c.finish_reason = content, calls, "tool_calls"
-                yield Chunk(text[sent : max(sent, len(content))], tokens, completion=c, logprobs=lps)
+                yield Chunk(content[sent:], tokens, completion=c, logprobs=lps)
             else:
                 yield Chunk(text[sent:], tokens, completion=c, logprobs=lps)
             return

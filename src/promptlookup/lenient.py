@@ -12,11 +12,19 @@ so does this module, under one narrow rule:
 - each object has the keys ``name`` (a tool of the request) and one of ``arguments`` or
   ``parameters`` (an object, or JSON text of one), no other key, and no key twice.
 
-Anything else -- text around the block, an undeclared name, another key, a second value in a fence
--- is the model's text. A stream holds the reply back only while it can still become such a call
-(:func:`possible`: a prefix scanner of the rule, which also looks at the keys and the name as they
-come); from the first character that rules it out, the text is released, so a plain answer streams
-from its first word.
+Anything else -- an undeclared name, another key, a second value in a fence -- is the model's text.
+A stream holds the reply back only while it can still become such a call (:func:`possible`: a prefix
+scanner of the rule, which also looks at the keys and the name as they come); from the first
+character that rules it out, the text is released, so a plain answer streams from its first word.
+
+**Calls in prose** (:func:`parse_mixed`): the same models, once a conversation has tool results in it,
+often explain a call around its block ("I'll list the stocks first: ```json {...}``` This returns
+..."; Qwen2.5-Coder-1.5B from the second BFCL turn on: docs/results.md). So a *fenced* item that is a
+call (the rule above, for one fence) is a call wherever it stands; the text outside such fences is
+the reply's content (before and after, joined as written). A bare object in prose stays text (an
+example or a result quoted), as does any other fence (code, a JSON result). A stream releases prose up
+to the first fence that may still be a call (:func:`mixed_hold`); from a fence that is one, it holds
+the rest until the end, where the content is sent whole.
 """
 
 from __future__ import annotations
@@ -134,6 +142,91 @@ def possible(text: str, names: Sequence[str]) -> bool:
                 return FENCE.startswith(rest)  # the closing fence may still come
             pos = _WS.match(text, pos + len(FENCE)).end()
     return True
+
+
+def fence_at(text: str, p: int, names: Sequence[str]) -> tuple[str, int, int, int]:
+    """The fence that opens at ``text[p]`` (three backticks), judged as far as the text goes:
+    ``("call", end, a, b)`` when it is a closed fence around one call of a tool named ``names``
+    (``end`` after its closing fence, the object at ``text[a:b]``), ``("open", ...)`` while it may
+    still become one, ``("text", end, ...)`` once it cannot (``end`` after its closing fence, the
+    first one after the opening; ``len(text)`` while it is not closed). "text" is final: no
+    continuation makes such a fence a call."""
+    n = len(text)
+
+    def other() -> tuple[str, int, int, int]:
+        close = text.find(FENCE, p + len(FENCE))
+        return "text", (close + len(FENCE) if close >= 0 else n), -1, -1
+
+    lang = _LANG.match(text, p + len(FENCE))
+    tag = lang.group().lower()
+    if lang.end() == n:
+        return ("open", n, -1, -1) if any(x.startswith(tag) for x in LANGS) else other()
+    if tag not in LANGS:
+        return other()
+    a = _WS.match(text, lang.end()).end()
+    if a == n:
+        return "open", n, -1, -1
+    if text[a] != "{":
+        return other()
+    scan = _scan(text, a)
+    if scan.bad or not _top_ok(scan, names):
+        return other()
+    if scan.end is None:
+        return "open", n, -1, -1
+    b = scan.end
+    try:
+        obj = _DECODER.decode(text[a:b])
+    except ValueError:
+        return other()
+    if _call(obj, [Tool(x, {}) for x in names]) is None:
+        return other()
+    q = _WS.match(text, b).end()
+    if text.startswith(FENCE, q):
+        return "call", q + len(FENCE), a, b
+    if FENCE.startswith(text[q:]):
+        return "open", n, a, b
+    return other()
+
+
+def mixed_hold(text: str, names: Sequence[str]) -> int:
+    """How much of ``text`` a stream may release as content under :func:`parse_mixed`: all of it up
+    to the first fence that is, or may still become, a call of a tool named ``names`` (or backticks at
+    the end that may open one). Never goes back as the text grows."""
+    i = 0
+    while True:
+        p = text.find(FENCE, i)
+        if p < 0:
+            return i + len(text[i:].rstrip("`"))  # one or two backticks at the end may open a fence
+        status, end, _, _ = fence_at(text, p, names)
+        if status != "text":
+            return p
+        if end >= len(text):
+            return len(text)  # inside a fence that is not a call: its backticks close it
+        i = end
+
+
+def parse_mixed(text: str, tools: Sequence[Tool]) -> tuple[str, list[ToolCall]] | None:
+    """A reply's fenced calls wherever they stand, and its content: the text outside them, joined
+    as written; None when no fence in it is a call."""
+    names = [t.name for t in tools]
+    content: list[str] = []
+    calls: list[ToolCall] = []
+    i = 0
+    while True:
+        p = text.find(FENCE, i)
+        if p < 0:
+            content.append(text[i:])
+            break
+        status, end, a, b = fence_at(text, p, names)
+        call = _call(_DECODER.decode(text[a:b]), tools) if status == "call" else None
+        if call is None:  # another fence, one still open at the end, or a call the tools refuse
+            content.append(text[i:end])
+            i = end
+            continue
+        content.append(text[i:p])
+        calls.append(call)
+        i = end
+    return ("".join(content), calls) if calls else None
 
 
 def _top_ok(scan: _Scan, names: Sequence[str]) -> bool:
