@@ -318,7 +318,8 @@ class Turn:
     tools: int
     prompt_tokens: int = 0
     auto: str = ""  # call | missed | text | error: ...
-    auto_calls: list[str] = field(default_factory=list)
+    auto_calls: list[str] = field(default_factory=list)  # its calls, or its text
+    auto_finish: str = ""
     required: str = ""  # valid | invalid: why | error: ...
     required_calls: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -377,15 +378,15 @@ def run_first_turn(client: Any, model: str, task: dict[str, Any], max_tokens: in
             continue
         msg = resp.choices[0].message
         calls = [(c.function.name, c.function.arguments) for c in msg.tool_calls or []]
-        shown = [f"{n}({a})"[:120] for n, a in calls]
+        shown = [f"{n}({a})" for n, a in calls] or [msg.content or ""]
         if resp.usage is not None:
             turn.prompt_tokens = resp.usage.prompt_tokens
         if choice == "auto":
-            turn.auto_calls = shown or [(msg.content or "")[:120]]
+            turn.auto_calls, turn.auto_finish = shown, resp.choices[0].finish_reason
             turn.auto = "call" if calls else ("missed" if declared_call_in_text(msg.content or "", names)
                                               else "text")
         else:
-            turn.required_calls = shown or [(msg.content or "")[:120]]
+            turn.required_calls = shown
             turn.required = check_required(calls, schemas)
     turn.seconds = time.perf_counter() - t0
     return turn
@@ -517,7 +518,8 @@ def tool_turns(keys: list[str], tasks: list[dict[str, Any]], args: argparse.Name
     turns: dict[str, list[Turn]] = {}
 
     def emit(t: Turn) -> None:
-        print(f"  {t.task}: auto {t.auto} {t.auto_calls[:2]}; required {t.required} ({t.seconds:.0f} s)",
+        print(f"  {t.task}: auto {t.auto} ({t.auto_finish}) {[c[:120] for c in t.auto_calls[:2]]}; "
+              f"required {t.required} ({t.seconds:.0f} s)",
               file=sys.stderr, flush=True)
         turns.setdefault(key, []).append(t)
         if args.jsonl:

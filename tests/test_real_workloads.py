@@ -257,7 +257,8 @@ class ReplayClient:
             SimpleNamespace(id=f"c{i}", function=SimpleNamespace(name=n, arguments=json.dumps(a)))
             for i, (n, a) in enumerate(reply)]
         msg = SimpleNamespace(content=reply if isinstance(reply, str) else None, tool_calls=calls)
-        return SimpleNamespace(choices=[SimpleNamespace(message=msg)],
+        return SimpleNamespace(choices=[SimpleNamespace(message=msg, finish_reason="stop" if calls is None
+                                                        else "tool_calls")],
                                usage=SimpleNamespace(completion_tokens=5, prompt_tokens=100),
                                model_dump=lambda: {"counters": {"drafted_tokens": 4, "accepted_tokens": 3}})
 
@@ -375,7 +376,7 @@ def test_tool_turns_sorts_calls_calls_left_as_text_and_words_and_validates_requi
     assert [kw["tool_choice"] for kw in client.sent] == ["auto", "required"]
     assert client.sent[0]["messages"] == client.sent[1]["messages"] == task["turns"][0]
     turn = serve_real.run_first_turn(ReplayClient([[("mv", {"source": "a"})], "I cannot."]), "m", task, 64)
-    assert (turn.auto, turn.required) == ("call", "invalid: no tool call")
+    assert (turn.auto, turn.auto_finish, turn.required) == ("call", "tool_calls", "invalid: no tool call")
     assert turn.auto_calls == ['mv({"source": "a"})']
     table = serve_real.tool_table([turn])
     assert table.splitlines()[-1] == (
