@@ -206,7 +206,7 @@ def test_speculation_with_grammar_drafts_changes_nothing(schema, params, seed, w
     plain = _run(model, ids, schema, params, seed)
     for source in (ScriptedDrafts(model, plain.tokens, len(ids), seed, p_right),
                    RandomDrafts(model, seed, p_right), Fixed(),
-                   AutoDrafter([NgramSource(min_match=1)], [1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3, 1.35, 1.4])):
+                   AutoDrafter([NgramSource(min_match=1)], [1.0 + 0.05 * i for i in range(9)])):
         spec = _run(model, ids, schema, params, seed, source=source, draft=draft)
         assert spec.tokens == plain.tokens
         assert spec.stopped_by == plain.stopped_by
@@ -262,6 +262,7 @@ def test_engine_drafts_from_the_grammar_unless_told_not_to():
     assert on.tokens == off.tokens == plain.tokens
     assert on.counters.grammar_tokens > 0 == off.counters.grammar_tokens == plain.counters.grammar_tokens
     quiet = Engine.from_backend(model, speculate="ngram", grammar_drafts=False)
-    assert quiet.generate("pick", max_tokens=60, temperature=0, response_format=fmt).counters.grammar_tokens == 0
+    assert quiet.generate("pick", max_tokens=60, temperature=0,
+                          response_format=fmt).counters.grammar_tokens == 0
     assert quiet.generate("pick", max_tokens=60, temperature=0, response_format=fmt,
                           grammar_drafts=True).counters.grammar_tokens == on.counters.grammar_tokens
