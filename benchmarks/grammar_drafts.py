@@ -20,10 +20,14 @@ with a 95% bootstrap interval over items (``promptlookup.measure.bench``'s ``geo
 ``bootstrap_ci``). The share of tokens that came from grammar drafts is reported per cell, and
 whether every speculative run gave the plain run's tokens (greedy: it must).
 
-The lead's run (issue 43: 30 + 30 on Qwen2.5-Coder-1.5B, 2 threads; about half an hour on 2 cores)::
+The lead's run (issue 43: 30 + 30 on Qwen2.5-Coder-1.5B; on a shared 2-core machine use ``-t 1`` and
+``GOMP_SPINCOUNT=1000``, docs/setup.md; the BFCL schemas as they are, then closed as OpenAI's strict
+mode closes them, where more is forced)::
 
-    PYTHONPATH=src .venv/bin/python benchmarks/grammar_drafts.py -m qwen2.5-coder-1.5b \\
-        --tool-items 30 --schema-items 30 -t 2 --md grammar_drafts_1.5b.md --jsonl grammar_drafts_1.5b.jsonl
+    GOMP_SPINCOUNT=1000 PYTHONPATH=src .venv/bin/python benchmarks/grammar_drafts.py -m qwen2.5-coder-1.5b \\
+        --tool-items 30 --schema-items 30 -t 1 --md grammar_drafts_1.5b.md --jsonl grammar_drafts_1.5b.jsonl
+    GOMP_SPINCOUNT=1000 PYTHONPATH=src .venv/bin/python benchmarks/grammar_drafts.py -m qwen2.5-coder-1.5b \\
+        --tool-items 30 --schema-items 30 -t 1 --strict --md grammar_drafts_1.5b_strict.md
 
 The bundled SmolLM2 has no tool template: ``--hermes-copy`` runs on its copy with a Hermes template
 (``tests/tool_gguf.py``; the model was never trained on tools, but forced calls always parse)::
@@ -86,9 +90,26 @@ def _first_call(truth: Sequence[Sequence[str]], turn: int) -> str | None:
     return calls[0].split("(", 1)[0].strip() if calls else None
 
 
-def items_from(tasks: list[dict[str, Any]], n_tool: int, n_schema: int) -> list[Item]:
+def strict(schema: Any) -> Any:
+    """``schema`` as OpenAI's strict mode wants it: every object closed (``additionalProperties:
+    false``) with all its properties required, recursively. BFCL's schemas leave objects open, so a
+    small model invents keys where nothing is forced; strict schemas are what structured-output
+    users send."""
+    if isinstance(schema, list):
+        return [strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: strict(v) for k, v in schema.items()}
+    if out.get("type") == "object" and isinstance(out.get("properties"), dict):
+        out["additionalProperties"] = False
+        out["required"] = sorted(out["properties"])
+    return out
+
+
+def items_from(tasks: list[dict[str, Any]], n_tool: int, n_schema: int, closed: bool = False) -> list[Item]:
     """Up to ``n_tool`` tool items and ``n_schema`` schema items, one per (task, turn with a ground-truth
-    call), tasks in file order, turns in order, alternating kinds so that both sets span the tasks."""
+    call), tasks in file order, turns in order, alternating kinds so that both sets span the tasks;
+    ``closed``: every schema (tools' parameters too) made :func:`strict`."""
     from promptlookup.errors import RequestError
     from promptlookup.grammar import Grammar
 
@@ -104,6 +125,9 @@ def items_from(tasks: list[dict[str, Any]], n_tool: int, n_schema: int) -> list[
     want = {"tool": n_tool, "schema": n_schema}
     for i, (task, turn, name, text) in enumerate(pairs):
         tools = task["tools"]
+        if closed:
+            tools = [{**t, "function": {**t["function"], "parameters": strict(t["function"]["parameters"])}}
+                     for t in tools]
         by_name = {t["function"]["name"]: t for t in tools}
         for kind in (("tool", "schema") if i % 2 == 0 else ("schema", "tool")):
             if n[kind] >= want[kind]:
@@ -195,6 +219,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--tool-items", type=int, default=30)
     ap.add_argument("--schema-items", type=int, default=30)
     ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--strict", action="store_true",
+                    help="close every object of the schemas and tools' parameters (OpenAI's strict mode)")
     ap.add_argument("--speculate", default="auto", help="the speculating cells' --speculate (default auto)")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=7)
@@ -209,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"grammar_drafts: error: {exc} (build it: python benchmarks/workloads/real/build.py agents)",
               file=sys.stderr)
         return 2
-    items = items_from(tasks, args.tool_items, args.schema_items)
+    items = items_from(tasks, args.tool_items, args.schema_items, args.strict)
     from promptlookup.api import Engine, load_backend
     from promptlookup.fileio import atomic_write_text
 

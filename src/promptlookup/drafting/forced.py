@@ -128,6 +128,8 @@ class GrammarDrafts:
                 break  # the source has nothing more, or guessed other than what is drafted
             run = proposed[len(out) : k]
             n = self.grammar.valid(tokens + out, run)
+            if n == 0:
+                break  # refused at once: the grammar was just asked what it forces here
             out.extend(run[:n])
             if n < len(run):  # cut where it leaves the grammar; what the grammar forces may follow
                 proposed = ()
