@@ -80,5 +80,6 @@ def test_forced_tool_calls_with_grammar_drafts_alone_and_together_equal_plain(to
     assert [c.tokens for c in alone] == [c.tokens for c in plain]
     assert [c.tokens for c in out] == [c.tokens for c in plain]
     assert all(c.finish_reason == "tool_calls" for c in plain)
-    # the wrapper and the named function are forced: grammar drafts carried part of every call
-    assert all(c.counters.grammar_tokens > 0 for c in alone + out)
+    # the wrapper and the named function are forced: grammar drafts carried part of the calls (auto
+    # decides by measured time, so not necessarily on every call: it takes plain steps early)
+    assert sum(c.counters.grammar_tokens for c in alone + out) > 0
