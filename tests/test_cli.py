@@ -301,13 +301,15 @@ def test_json_schema_constrains_the_output(capsys, tmp_path):
               "required": ["name", "path"], "additionalProperties": False}
     path = tmp_path / "tool.json"
     path.write_text(json.dumps(schema))
-    texts = []
-    for speculate in (["--speculate", "off"], ["--ngram"]):
+    texts, grammar = [], []
+    for speculate in (["--speculate", "off"], ["--ngram"], ["--ngram", "--no-grammar-drafts"]):
         code, out, _ = run_main(capsys, "generate", "--chat", "-p", "Read the file README.md with a tool.",
                                 "--json-schema", str(path), "-n", "80", "-t", "1", "--json", *speculate)
         assert code == 0
         texts.append(json.loads(out)["text"])
-    assert texts[0] == texts[1]
+        grammar.append(json.loads(out)["counters"]["grammar_tokens"])
+    assert texts[0] == texts[1] == texts[2]
+    assert grammar[0] == grammar[2] == 0 < grammar[1]  # the property names are drafted from the grammar
     obj = json.loads(texts[0])
     assert set(obj) == {"name", "path"} and obj["name"] in ("read_file", "edit_file")
 

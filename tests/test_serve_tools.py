@@ -75,11 +75,17 @@ def test_forced_calls_always_parse_and_validate(client, choice, stream):
             _valid(calls, allowed)
 
 
-def test_a_greedy_forced_call_is_the_same_whole_streamed_and_speculated(client):
-    got = {(name, args) for stream in (False, True) for s in ("off", "ngram", "suffix")
+def test_a_greedy_forced_call_is_the_same_whole_streamed_and_speculated(client, http):
+    bodies = [{"speculate": s} for s in ("off", "ngram", "suffix")]
+    bodies.append({"speculate": "ngram", "grammar_drafts": False})  # without the grammar's drafts
+    got = {(name, args) for stream in (False, True) for body in bodies
            for name, args, _ in _ask(client, PROMPTS[0], stream, tool_choice="required", max_tokens=120,
-                                     temperature=0, extra_body={"speculate": s})[2]}
+                                     temperature=0, extra_body=body)[2]}
     assert got == {("get_weather", '{"city": "Paris", "unit": "celsius"}')}
+    metrics = http.get("/metrics").text
+    line = next(ln for ln in metrics.splitlines()
+                if ln.startswith("promptlookup:spec_decode_num_grammar_tokens_total"))
+    assert float(line.split()[-1]) > 0  # the forced call's wrapper and names came from grammar drafts
 
 
 def test_a_tool_result_round_trip(client, http):

@@ -39,6 +39,7 @@ from promptlookup.batching.pool import GuardedSource, Slot, SlotPool
 from promptlookup.batching.scheduler import DEFAULT_PREFILL_CHUNK, Scheduler, SlotDecoder
 from promptlookup.costcurve import CostCurve
 from promptlookup.drafting.base import DraftSource, report_of
+from promptlookup.drafting.forced import GrammarDrafts
 from promptlookup.drafting.spec import OFF, Run, SourceSpec, SpecError, save_state, source_factory
 from promptlookup.errors import RequestError, UsageError, check_prompt_fits
 from promptlookup.grammar import Constraint, eog_ids, grammar_tokenizer
@@ -167,7 +168,9 @@ class Engine:
     them in one KV cache of ``parallel * n_ctx`` positions and decodes them together; call the engine
     from several threads). ``prefill_chunk``: prompt tokens read per batched step, so a long prompt
     does not stall the requests already decoding. ``n_ctx=None`` sizes the context from the model
-    and the memory (:func:`load_backend`).
+    and the memory (:func:`load_backend`). ``grammar_drafts``: under a grammar (``response_format``, a
+    forced tool call) draft the tokens it forces (:mod:`promptlookup.drafting.forced`); a request's
+    ``grammar_drafts`` overrides it.
     """
 
     def __init__(self, model: str | Path | None = None, backend: str = "llama.cpp", *,
@@ -176,10 +179,10 @@ class Engine:
                  history_budget: int | None = None, corpus: str | Path | None = None,
                  lookup_static: str | Path | None = None, cost_curve: str | Path | None = None,
                  reuse_prefix: bool = True, parallel: int = 1,
-                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> None:
+                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK, grammar_drafts: bool = True) -> None:
         settings = {"corpus": corpus, "static": lookup_static, "curve": cost_curve}
         self._init_settings(speculate, history, history_budget, settings, reuse_prefix, parallel,
-                            prefill_chunk)
+                            prefill_chunk, grammar_drafts)
         self.backend: Model = load_backend(model, backend, n_ctx, threads, n_seq=parallel)
         self._bind()
 
@@ -188,21 +191,22 @@ class Engine:
                      history: str | Path | None = None, history_budget: int | None = None,
                      corpus: str | Path | None = None, lookup_static: str | Path | None = None,
                      cost_curve: str | Path | None = None, reuse_prefix: bool = True,
-                     parallel: int = 1, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> Engine:
+                     parallel: int = 1, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+                     grammar_drafts: bool = True) -> Engine:
         """An engine on a backend already loaded (a transformers model of the caller's, the replay
         backend of tests and simulations); ``parallel > 1`` needs a backend that batches
         (:class:`~promptlookup.backends.base.BatchDecoder`) with that many sequences."""
         self = cls.__new__(cls)
         settings = {"corpus": corpus, "static": lookup_static, "curve": cost_curve}
         self._init_settings(speculate, history, history_budget, settings, reuse_prefix, parallel,
-                            prefill_chunk)
+                            prefill_chunk, grammar_drafts)
         self.backend = backend
         self._bind()
         return self
 
     # -- set-up -----------------------------------------------------------------------------
     def _init_settings(self, speculate, history, history_budget, settings, reuse_prefix, parallel,
-                       prefill_chunk) -> None:
+                       prefill_chunk, grammar_drafts=True) -> None:
         if history_budget is not None and history_budget < 1:
             raise UsageError(f"the history budget must be at least 1 token, got {history_budget}")
         if isinstance(parallel, bool) or not isinstance(parallel, int) or not 1 <= parallel <= MAX_PARALLEL:
@@ -211,6 +215,7 @@ class Engine:
             raise UsageError(f"prefill_chunk must be a positive integer, got {prefill_chunk!r}")
         self.parallel = parallel
         self.prefill_chunk = prefill_chunk
+        self.grammar_drafts = bool(grammar_drafts)
         self._settings = {k: str(v) for k, v in settings.items() if v is not None}
         self.history_path = Path(history) if history is not None else None
         self._history_budget = history_budget
@@ -404,6 +409,16 @@ class Engine:
         vocab = self._grammar_vocab()
         return Constraint(vocab, opts.response_format, eog_ids(self.backend))
 
+    def _drafter(self, source: DraftSource | None, opts: RequestOptions,
+                 sampler: Sampler) -> DraftSource | None:
+        """What the request's loop drafts with: ``source``, under a grammar wrapped so that it drafts
+        the tokens the grammar forces and never past where the grammar refuses
+        (:mod:`promptlookup.drafting.forced`; ``grammar_drafts=False`` or ``off`` leave it as it is)."""
+        on = self.grammar_drafts if opts.grammar_drafts is None else opts.grammar_drafts
+        if source is None or sampler.constraint is None or not on:
+            return source
+        return GrammarDrafts(source, sampler.constraint)
+
     def _run(self, ids: list[int], opts: RequestOptions, spec: SourceSpec, sampler: Sampler,
              stops: list[str], detokenize: Callable[[Sequence[int]], str]) -> Iterator[Chunk]:
         slot, keep = self._pool.acquire(ids, self.reuse_prefix)
@@ -453,7 +468,8 @@ class Engine:
         # a request that drafts nothing (``off``) has no draft to price: the pricing's arithmetic, run
         # every step, is then only cost
         limit = None if sched is None or source is None else decoder.draft_cap
-        loop = steps(decoder, ids, opts.max_tokens, source, spec.draft, sampler, keep, draft_limit=limit)
+        loop = steps(decoder, ids, opts.max_tokens, self._drafter(source, opts, sampler), spec.draft, sampler,
+                     keep, draft_limit=limit)
         try:
             new = next(loop)
             while True:

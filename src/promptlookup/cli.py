@@ -265,6 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "enforced token by token (speculation included; docs/agents.md)")
     fmt.add_argument("--json-object", action="store_true",
                      help="structured output: the text is one JSON object")
+    g.add_argument("--no-grammar-drafts", dest="grammar_drafts", action="store_false",
+                   help="under --json-schema/--json-object or a forced --tool-choice, do not draft the "
+                        "tokens the grammar forces (on by default; the output is the same either way)")
     g.add_argument("--tools", metavar="FILE",
                    help="with --chat: OpenAI function tools (a JSON list, or an object with a tools list) "
                         "shown to the model through its chat template; calls print as JSON lines "
@@ -435,6 +438,9 @@ def _add_serve_command(sub) -> None:
                    default=DEFAULT_PREFILL_CHUNK, metavar="TOKENS",
                    help="prompt tokens read per batched step, so running requests keep decoding while a "
                         f"new prompt is read (default {DEFAULT_PREFILL_CHUNK})")
+    s.add_argument("--no-grammar-drafts", dest="grammar_drafts", action="store_false",
+                   help="do not draft the tokens a response_format or forced tool call's grammar forces "
+                        "(on by default; a request may set `grammar_drafts`); the output is the same")
     s.add_argument("--history-save-every", type=_int_in(1, None, "--history-save-every"), default=8,
                    metavar="N", help="save the history after every N finished requests (default 8)")
     s.add_argument("--max-queue", type=_int_in(0, 1 << 16, "--max-queue"), default=64, metavar="N",
@@ -485,7 +491,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     corpus=args.suffix_corpus,
                     lookup_static=args.lookup_cache_static, cost_curve=args.cost_curve,
                     parallel=context.parallel,
-                    prefill_chunk=args.prefill_chunk)
+                    prefill_chunk=args.prefill_chunk, grammar_drafts=args.grammar_drafts)
     try:
         return run_server(engine, settings, args.host, args.port)
     finally:
@@ -626,7 +632,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     system = prompt_text(args.system, "--system") if args.system is not None else None
     context = _context(args)
     engine = Engine(args.model, getattr(args, "backend", "llama.cpp"), threads=args.threads,
-                    n_ctx=context.n_ctx, speculate=spec, history=history, history_budget=budget)
+                    n_ctx=context.n_ctx, speculate=spec, history=history, history_budget=budget,
+                    grammar_drafts=args.grammar_drafts)
     backend = engine.backend
     messages = one_turn(text, system)
     ids = None if opts.tools else engine.chat_ids(messages) if args.chat else engine.tokenize(text)

@@ -207,6 +207,26 @@ class Constraint:
         # tokens the grammar refuses stay unconsumed (``have`` stays a proper prefix of the target)
         return ok == len(rest)
 
+    # -- what a draft source may read (promptlookup.drafting.forced.GrammarView) -------------------
+    def forced(self, tokens: Sequence[int], limit: int) -> list[int]:
+        """Up to ``limit`` tokens the grammar forces after ``tokens`` (the whole confirmed stream,
+        prompt included): llguidance's fast-forward tokens, the forced bytes in the tokenizer's own
+        tokenization (``{"name": "`` under a schema whose object has one first property). Empty where
+        the grammar leaves a choice, or past its end. Reading them changes no state the sampler sees
+        (it syncs to its own prefix before every mask)."""
+        if limit <= 0 or not self.sync(tokens, len(tokens)) or self._matcher.is_stopped():
+            return []
+        return [int(t) for t in self._matcher.compute_ff_tokens()[:limit]]
+
+    def valid(self, tokens: Sequence[int], draft: Sequence[int]) -> int:
+        """How many leading tokens of ``draft`` the grammar allows after ``tokens``: a draft is cut
+        there, since the masked choice at the first forbidden one differs from it anyway."""
+        if not draft:
+            return 0
+        if not self.sync(tokens, len(tokens)):
+            return 0
+        return int(self._matcher.validate_tokens([int(t) for t in draft]))
+
     def _fill(self) -> np.ndarray:
         if self._bits_for != self._version:
             self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)

@@ -64,6 +64,8 @@ class RequestOptions:
     # a tools.ToolChoice. Chat only: the engine renders them through the model's template.
     tools: Any = None
     tool_choice: Any = None
+    # draft the tokens the request's grammar forces (drafting.forced); None: the engine's setting
+    grammar_drafts: bool | None = None
 
     def __post_init__(self) -> None:
         mt = self.max_tokens
@@ -80,6 +82,9 @@ class RequestOptions:
             raise RequestError("response_format cannot be combined with tools: a tool call has its own "
                                'format (use tool_choice "required" or a named function to force one)',
                                "response_format")
+        if self.grammar_drafts is not None and not isinstance(self.grammar_drafts, bool):
+            raise RequestError(f"grammar_drafts must be true or false, got {self.grammar_drafts!r}",
+                               "grammar_drafts")
         t = self.timeout
         if t is not None and (isinstance(t, bool) or not isinstance(t, numbers.Real) or math.isnan(t)):
             raise RequestError(f"timeout must be a number of seconds, got {t!r}", "timeout")

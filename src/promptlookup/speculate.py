@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from promptlookup.backends.base import Decoder
 from promptlookup.drafting.base import MAX_DRAFT, DraftSource, NoDraft, StepFeedback
+from promptlookup.drafting.forced import FORCED, forced_count
 from promptlookup.errors import check_prompt_fits
 from promptlookup.sampling import Sampler, TokenLogprob
 from promptlookup.telemetry import Counters, ResourceProbe
@@ -167,6 +168,9 @@ def steps(
             c.drafted_steps += 1
             c.drafted_tokens += len(drafted)
             c.accepted_tokens += accepted
+            forced = proposal.features.get(FORCED) if proposal is not None else None
+            if forced:  # accepted tokens that the grammar forced (drafting.forced)
+                c.grammar_tokens += forced_count(forced, accepted)
             t0 = perf()
             backend.rollback(n_before + 1 + accepted)
             rollback_s = perf() - t0  # part of what drafting cost: charged with the verify

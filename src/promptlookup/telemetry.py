@@ -26,6 +26,7 @@ class Counters:
     drafted_steps: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
+    grammar_tokens: int = 0  # accepted drafted tokens that the grammar forced (drafting.forced)
     prefill_s: float = 0.0
     decode_s: float = 0.0
     draft_s: float = 0.0
@@ -57,6 +58,11 @@ class Counters:
         return self.generated_tokens / spent if spent > 0 else 0.0
 
     @property
+    def grammar_share(self) -> float:
+        """The share of generated tokens that came from grammar drafts (accepted forced tokens)."""
+        return self.grammar_tokens / self.generated_tokens if self.generated_tokens else 0.0
+
+    @property
     def draft_s_per_token(self) -> float:
         return self.draft_s / self.generated_tokens if self.generated_tokens else 0.0
 
@@ -70,6 +76,7 @@ class Counters:
             acceptance=round(self.acceptance, 6),
             tokens_per_decode=round(self.tokens_per_decode, 6),
             coverage=round(self.coverage, 6),
+            grammar_share=round(self.grammar_share, 6),
             reported_tps=round(self.reported_tps, 4),
             effective_tps=round(self.effective_tps, 4),
             draft_s_per_token=self.draft_s_per_token,
@@ -102,6 +109,8 @@ class Counters:
 
     def report_lines(self) -> list[str]:
         s = self.source
+        grammar = ([f"{s}: {self.grammar_tokens} of {self.generated_tokens} tokens came from grammar drafts "
+                    f"({100 * self.grammar_share:.1f}%)"] if self.grammar_tokens else [])
         return [
             f"{s}: {self.accepted_tokens}/{self.drafted_tokens} drafts accepted "
             f"({100 * self.acceptance:.1f}%), {self.tokens_per_decode:.2f} tokens per verify decode "
@@ -113,6 +122,7 @@ class Counters:
             f"{s}: {self.major_faults_per_token:.2f} major faults per token, "
             f"peak RSS {self.peak_rss_bytes / 2**20:.1f} MiB, "
             f"prompt {self.prompt_tokens} tokens in {self.prefill_s:.3f} s",
+            *grammar,
         ]
 
     def csv_row(self, **extra: Any) -> str:

@@ -124,10 +124,12 @@ class StepFeedback:
 class DraftSource(Protocol):
     """What the speculative loop needs of a source.
 
-    One method is optional, so not declared here (a fixed source has nothing to say):
+    Two methods are optional, so not declared here (a fixed source has nothing to say):
     ``report() -> dict``, what the source chose so far, with a one-line ``summary``. ``auto``
     answers it (its drafted steps per source, its calibration); callers ask through
-    :func:`report_of`, never by the source's class."""
+    :func:`report_of`, never by the source's class. ``propose_forced(k, forced, valid)``: a
+    proposal that weighs the tokens a grammar forces (:mod:`promptlookup.drafting.forced`, which
+    asks it where the source has it; ``auto`` does)."""
 
     name: str
 

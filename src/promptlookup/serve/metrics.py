@@ -3,7 +3,9 @@
 Names follow vLLM's (``vllm:spec_decode_num_drafts`` ...) with our prefix, so dashboards built for
 vLLM's speculative decoding read ours with one substitution: ``num_drafts`` counts verify steps that
 carried a draft, ``num_draft_tokens`` the tokens drafted, ``num_accepted_tokens`` those the model
-kept. The registry is the server's own (never prometheus_client's global one), so two apps in one
+kept, ``num_grammar_tokens`` those of the accepted ones that the grammar forced (grammar drafts:
+their share of ``generation_tokens`` is what structured output gained from them). The registry is
+the server's own (never prometheus_client's global one), so two apps in one
 process (the tests) never collide.
 """
 
@@ -64,6 +66,9 @@ class Metrics:
         self.num_draft_tokens = Counter(f"{p}spec_decode_num_draft_tokens", "tokens drafted", registry=r)
         self.num_accepted_tokens = Counter(f"{p}spec_decode_num_accepted_tokens",
                                            "drafted tokens the model accepted", registry=r)
+        self.grammar_tokens = Counter(f"{p}spec_decode_num_grammar_tokens",
+                                      "accepted drafted tokens that the grammar forced (grammar drafts)",
+                                      registry=r)
         self.decodes = Counter(f"{p}spec_decode_num_verify_decodes", "verify decodes after the prompt",
                                registry=r)
         self.prompt_tokens = Counter(f"{p}prompt_tokens", "prompt tokens of finished requests", registry=r)
@@ -93,6 +98,7 @@ class Metrics:
         self.num_drafts.inc(counters.drafted_steps)
         self.num_draft_tokens.inc(counters.drafted_tokens)
         self.num_accepted_tokens.inc(counters.accepted_tokens)
+        self.grammar_tokens.inc(counters.grammar_tokens)
         self.decodes.inc(counters.decodes)
         self.prompt_tokens.inc(counters.prompt_tokens)
         self.cached_tokens.inc(counters.cached_tokens)

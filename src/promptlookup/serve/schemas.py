@@ -71,6 +71,10 @@ class SamplingFields(_Request):
         None, max_length=MAX_SPECULATE_CHARS,
         description="extension: the draft source for this request, e.g. off, suffix, ngram:draft=4, auto "
                     "(default: the server's --speculate); the output is the model's own either way")
+    grammar_drafts: bool | None = Field(
+        None, description="extension: draft the tokens a response_format or forced tool call's grammar "
+                          "forces (default: the server's; --no-grammar-drafts turns them off); the output "
+                          "is the model's own either way")
     user: str | None = None
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
         None, description="token id (as text) -> bias added to its logit, -100..100 (-100 bans it)")
@@ -105,7 +109,8 @@ class SamplingFields(_Request):
             repeat_penalty=1.0 if self.repeat_penalty is None else self.repeat_penalty,
             presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
             seed=self.seed, stop=self.stop, logprobs=self.logprob_count(), speculate=speculate,
-            logit_bias=self.logit_bias, response_format=self.grammar(), **self.tool_fields())
+            logit_bias=self.logit_bias, response_format=self.grammar(), grammar_drafts=self.grammar_drafts,
+            **self.tool_fields())
 
     def grammar(self) -> Any:
         """The response format as RequestOptions takes it (None: free text)."""
@@ -328,6 +333,7 @@ class Counters(BaseModel):
     drafted_steps: int
     drafted_tokens: int
     accepted_tokens: int
+    grammar_tokens: int = Field(0, description="accepted drafted tokens that the grammar forced")
     generated_tokens: int
     cached_tokens: int
     stopped_by: str

@@ -18,13 +18,14 @@ baseline stays measured, and a source that has not won for a while is asked only
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from promptlookup.drafting.auto.acceptance import AcceptanceModel, match_bucket
 from promptlookup.drafting.auto.timing import StepTimes
 from promptlookup.drafting.base import Draft, DraftSource, StepFeedback
+from promptlookup.drafting.forced import GRAMMAR
 
 HALF_LIFE = 128.0  # steps after which a realized outcome weighs half: choices are re-judged as things drift
 CALIBRATION_STRENGTH = 4.0  # predicted accepted tokens at the prior ratio in a realized/predicted ratio
@@ -265,6 +266,20 @@ class AutoDrafter:
         return self._idle[i] < IDLE_AFTER or (self._step + i) % PROBE_EVERY == 0
 
     def propose(self, k: int) -> Draft:
+        return self._propose(k, (), None)
+
+    def propose_forced(self, k: int, forced: Sequence[int],
+                       valid: Callable[[Sequence[int]], int]) -> Draft:
+        """:meth:`propose` under a grammar (:mod:`promptlookup.drafting.forced`): ``forced`` are
+        the tokens it forces next, priced as certain (acceptance 1, scaled only by what drafts of
+        them realized: a forced token in the tokenizer's own tokenization is the masked choice
+        unless the model picks another tokenization of the same bytes); a source's draft that
+        begins with them is priced as certain up to there and by the acceptance model after. Every
+        source's draft is first cut where ``valid`` says it leaves the grammar."""
+        return self._propose(k, tuple(int(t) for t in forced), valid)
+
+    def _propose(self, k: int, forced: tuple[int, ...],
+                 valid: Callable[[Sequence[int]], int] | None) -> Draft:
         start = len(self._stream)
         self._step += 1
         self._since_plain += 1
@@ -274,6 +289,16 @@ class AutoDrafter:
         best: Draft | None = None
         best_i, best_k, best_rate, best_pred = -1, 0, plain, 0.0
         depth = min(k, self.max_draft)
+        f = min(len(forced), depth)
+        if f:  # the grammar's forced tokens: accepted by construction, priced so
+            g = Draft(forced[:f], GRAMMAR, f)
+            self._pending.append(_Pending(start, g))
+            ratio = self.source_ratio(GRAMMAR)
+            bucket = match_bucket(f)
+            for kk in range(1, f + 1):
+                r = self.rate(GRAMMAR, f, kk, 1.0 + kk, ratio, bucket)
+                if r > best_rate + 1e-12:
+                    best, best_i, best_k, best_rate, best_pred = g, -1, kk, r, float(kk)
         for i, source in enumerate(self.sources):
             if not self._ask(i):
                 continue
@@ -281,13 +306,26 @@ class AutoDrafter:
             self._idle[i] += 1  # restarts below if this source wins
             self._tell(i)
             d = source.propose(self.max_draft)
+            if d.tokens and valid is not None:
+                n = valid(d.tokens)
+                if n < len(d.tokens):  # cut where it leaves the grammar
+                    d = Draft(d.tokens[:n], d.source, d.match_len, d.features)
             if not d.tokens:
                 continue
             self._pending.append(_Pending(start, d))
             top = min(len(d.tokens), depth)
-            e = self.model.expected(d.source, d.match_len, top)
             ratio = self.source_ratio(d.source)
             bucket = match_bucket(d.match_len)
+            if f and top > f and d.tokens[:f] == forced[:f]:
+                # the forced tokens, then this source's continuation: certain up to f, modelled after
+                e = self.model.expected(d.source, d.match_len, top - f)
+                for kk in range(f + 1, top + 1):
+                    pred = f + e[kk - f] - 1.0
+                    r = self.rate(d.source, d.match_len, kk, 1.0 + pred, ratio, bucket)
+                    if r > best_rate + 1e-12:
+                        best, best_i, best_k, best_rate, best_pred = d, i, kk, r, pred
+                continue
+            e = self.model.expected(d.source, d.match_len, top)
             for kk in range(1, top + 1):
                 r = self.rate(d.source, d.match_len, kk, e[kk], ratio, bucket)
                 if r > best_rate + 1e-12:

@@ -1,0 +1,145 @@
+"""Drafts from the grammar: under a JSON schema or a forced tool call, the tokens the grammar forces.
+
+Why a layer, not a source. Where a grammar is active (``response_format``, a forced ``tool_choice``,
+``--json-schema``), much of the text is decided before the model speaks: the braces, the quotes,
+the property names, the tool-call wrapper, the named function. The sampler masks every position
+with the grammar, so a token that is the only one the grammar allows is the sampler's choice
+whatever the logits are. llguidance names the forced text as tokens (its fast-forward tokens: the
+forced bytes in the tokenizer's own tokenization, the last one held back where the next bytes could
+join it); the model nearly always writes those bytes that way, but it may write them in another
+tokenization the mask also allows, so they are drafts like any other: almost always accepted, and
+verified. :class:`GrammarDrafts` wraps the request's draft source (any of them, ``auto`` included)
+and
+
+* proposes the forced tokens first, then the wrapped source's continuation while that source's own
+  draft agrees with them (its draft is made from the confirmed text, so it continues past the forced
+  tokens only where it predicted them too), then what the grammar forces after that, and so on up to
+  the draft length (:meth:`GrammarDrafts.interleave`);
+* cuts any draft where it first leaves the grammar: the masked choice at a forbidden token differs
+  from it, so the verify would reject it there anyway, and the tokens after it only cost width.
+
+A source that can weigh the forced tokens itself (``auto``: it prices them as certain when it
+decides the draft's length) offers ``propose_forced(k, forced, valid)``; it is asked that instead.
+
+Exactness is untouched: a draft is only ever a guess that the loop verifies (grammar drafts are
+accepted because the model's masked choice equals them, never on trust). The count of accepted
+grammar tokens reaches the counters through the draft's ``forced`` feature (a bit mask of the
+draft's positions that the grammar forced); the loop adds the forced ones among the accepted.
+
+No backend and no llguidance here: the grammar comes in as a :class:`GrammarView`
+(:class:`promptlookup.grammar.Constraint` is one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from promptlookup.drafting.base import Draft, DraftSource, StepFeedback, make_draft, report_of
+
+FORCED = "forced"  # the draft feature: which of its tokens the grammar forced (bit i: token i)
+GRAMMAR = "grammar"  # the source name of a draft made of forced tokens only
+
+
+class GrammarView(Protocol):
+    """What the layer reads of a request's grammar; ``tokens`` is the whole confirmed stream."""
+
+    def forced(self, tokens: Sequence[int], limit: int) -> list[int]:
+        """Up to ``limit`` tokens the grammar forces next (empty: it leaves a choice)."""
+
+    def valid(self, tokens: Sequence[int], draft: Sequence[int]) -> int:
+        """How many leading tokens of ``draft`` the grammar allows next."""
+
+
+def common(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the common prefix of ``a`` and ``b``."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def forced_count(mask: float | int, accepted: int) -> int:
+    """How many of the first ``accepted`` drafted tokens the grammar forced, from the draft's
+    :data:`FORCED` feature (bit ``i`` set: token ``i`` was forced)."""
+    return (int(mask) & ((1 << accepted) - 1)).bit_count()
+
+
+class GrammarDrafts:
+    """A draft source over ``inner`` that drafts what ``grammar`` forces and never past where it
+    refuses (module docstring). One per request: the grammar state is the request's."""
+
+    def __init__(self, inner: DraftSource, grammar: GrammarView) -> None:
+        self.inner = inner
+        self.grammar = grammar
+        self.name = inner.name
+        self._tokens: list[int] = []
+        self.forced_drafted = 0  # forced tokens sent in drafts (accepted ones are in the counters)
+
+    def reset(self, prompt: Sequence[int]) -> None:
+        self._tokens = [int(t) for t in prompt]
+        self.inner.reset(prompt)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        self._tokens.extend(int(t) for t in tokens)
+        self.inner.extend(tokens)
+
+    def _valid(self, draft: Sequence[int]) -> int:
+        return self.grammar.valid(self._tokens, draft)
+
+    def propose(self, k: int) -> Draft:
+        forced = self.grammar.forced(self._tokens, k)
+        weigh: Callable[..., Draft | None] | None = getattr(self.inner, "propose_forced", None)
+        d = weigh(k, forced, self._valid) if weigh is not None else None
+        if d is not None:  # the source priced the forced tokens itself (auto): its length stands
+            tokens = tuple(d.tokens[:k])
+            tokens = tokens[: self._valid(tokens)]
+            mask = (1 << common(forced, tokens)) - 1
+            source = d.source
+        else:
+            d = self.inner.propose(k)
+            tokens, mask = self.interleave(forced, d.tokens, k)
+            source = d.source if mask != (1 << len(tokens)) - 1 else GRAMMAR
+        if not tokens:
+            return make_draft((), d.source or self.name)
+        self.forced_drafted += mask.bit_count()
+        features = {**d.features, FORCED: float(mask)} if mask else d.features
+        return make_draft(tokens, source, d.match_len, features)
+
+    def interleave(self, forced: Sequence[int], proposed: Sequence[int],
+                   k: int) -> tuple[tuple[int, ...], int]:
+        """Up to ``k`` tokens: the forced ones, then ``proposed``'s tokens after them as long as it
+        agrees with what is drafted so far and the grammar allows them, then the tokens the grammar
+        forces after those, and so on; with the mask of the forced positions. ``forced``: what the
+        grammar forces after the confirmed stream (asked once by :meth:`propose`)."""
+        out: list[int] = []
+        mask = 0
+        tokens = self._tokens
+        first = True
+        while len(out) < k:
+            f = list(forced[: k]) if first else self.grammar.forced(tokens + out, k - len(out))
+            first = False
+            if f:
+                mask |= ((1 << len(f)) - 1) << len(out)
+                out.extend(f)
+                continue
+            if len(proposed) <= len(out) or common(proposed, out) < len(out):
+                break  # the source has nothing more, or guessed other than what is drafted
+            run = proposed[len(out) : k]
+            n = self.grammar.valid(tokens + out, run)
+            if n == 0:
+                break  # refused at once: the grammar was just asked what it forces here
+            out.extend(run[:n])
+            if n < len(run):  # cut where it leaves the grammar; what the grammar forces may follow
+                proposed = ()
+        return tuple(out), mask
+
+    def commit(self) -> None:
+        self.inner.commit()
+
+    def feedback(self, step: StepFeedback) -> None:
+        self.inner.feedback(step)
+
+    def report(self) -> dict | None:
+        return report_of(self.inner)
