@@ -2,7 +2,7 @@
 
 Why a module: every benchmark that runs llama.cpp's programs beside ours needs them built from the
 llama.cpp vendored in the installed llama-cpp-python's source package, with the same safe ISA flags
-set-up uses (``scripts/llama_build.py``: the host's extensions named one by one, never AMX, whose
+set-up uses (``promptlookup.llama_build.recipe``: the host's extensions named one by one, never AMX, whose
 ggml kernel dies by SIGILL in this version). ``-march=native`` would build llama-lookup-create so that
 it dies in its warm-up decode on a CPU with AMX. Builds are cached outside the repository, one build
 folder per set of flags, in ``~/.cache/promptlookup/llamacpp``.
@@ -14,7 +14,6 @@ Hugging Face bucket at build time: the benchmarks talk to its HTTP API only) and
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -22,18 +21,16 @@ from importlib.metadata import version
 from pathlib import Path
 
 ROOT = Path.home() / ".cache" / "promptlookup" / "llamacpp"
-_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "llama_build.py"
 # options that only matter to llama-server (and its cpp-httplib); harmless to the lookup tools
 _SERVER_ARGS = ("-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
                 "-DLLAMA_OPENSSL=OFF")
 
 
 def _llama_build():
-    spec = importlib.util.spec_from_file_location("llama_build", _SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("llama_build", mod)
-    spec.loader.exec_module(mod)
-    return mod
+    """Set-up's build recipe (package code: ``promptlookup.llama_build.recipe``)."""
+    from promptlookup.llama_build import recipe
+
+    return recipe
 
 
 def _log(msg: str) -> None:
