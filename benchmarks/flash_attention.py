@@ -1,7 +1,7 @@
 """Flash attention on against off, same build, same process, interleaved (docs/exactness.md).
 
 Why: set-up's invariant build patches ggml's CPU flash attention to take one reduction path for
-every batch shape (scripts/llama_build.py), so the backend turns it on by default there. Upstream's
+every batch shape (promptlookup.llama_build.recipe), so the backend turns it on by default there. Upstream's
 other two paths (a KV split for one query row over 512+ cells, 64-row tiles for prefills) are what
 would have made it fast for long contexts and prompts; this measures what the one path costs or
 saves against attention without it, on the shapes a server runs:

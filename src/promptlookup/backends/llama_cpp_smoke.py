@@ -12,7 +12,7 @@ Then it checks, bit for bit, whether the build is batch-invariant (:func:`invari
 position decoded alone against the same positions in a whole-prompt batch, in verify batches of
 several widths, and after a kept prefix). Only a batch-invariant build makes speculative output equal
 plain decoding token for token; a build set up to be one (no batch-dependent kernels, see
-``scripts/llama_build.py``) fails the smoke test when it is not.
+``promptlookup.llama_build.recipe``) fails the smoke test when it is not.
 
 Run it as a child process (``python -m promptlookup.backends.llama_cpp_smoke``): a signal inside
 llama.cpp cannot be caught in the process it kills. The child prints ``step: NAME`` before each step
