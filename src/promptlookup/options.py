@@ -64,6 +64,9 @@ class RequestOptions:
     # a tools.ToolChoice. Chat only: the engine renders them through the model's template.
     tools: Any = None
     tool_choice: Any = None
+    # the corpora (names the engine has loaded) the suffix source drafts from; None: the engine's
+    # defaults, (): none. Kept as a tuple of names; the engine checks that each is loaded.
+    corpora: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
         mt = self.max_tokens
@@ -80,6 +83,11 @@ class RequestOptions:
             raise RequestError("response_format cannot be combined with tools: a tool call has its own "
                                'format (use tool_choice "required" or a named function to force one)',
                                "response_format")
+        c = self.corpora
+        if c is not None:
+            if isinstance(c, str) or not isinstance(c, Sequence) or not all(isinstance(x, str) for x in c):
+                raise RequestError("corpora must be a list of corpus names", "corpora")
+            object.__setattr__(self, "corpora", tuple(c))
         t = self.timeout
         if t is not None and (isinstance(t, bool) or not isinstance(t, numbers.Real) or math.isnan(t)):
             raise RequestError(f"timeout must be a number of seconds, got {t!r}", "timeout")

@@ -71,6 +71,9 @@ class SamplingFields(_Request):
         None, max_length=MAX_SPECULATE_CHARS,
         description="extension: the draft source for this request, e.g. off, suffix, ngram:draft=4, auto "
                     "(default: the server's --speculate); the output is the model's own either way")
+    corpora: Annotated[list[Annotated[str, Field(max_length=64)]], Field(max_length=8)] | None = Field(
+        None, description="extension: the named corpora (GET /v1/corpora) the suffix source drafts from "
+                          "for this request (default: the server's --corpus); an unknown name is a 400")
     user: str | None = None
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
         None, description="token id (as text) -> bias added to its logit, -100..100 (-100 bans it)")
@@ -105,7 +108,8 @@ class SamplingFields(_Request):
             repeat_penalty=1.0 if self.repeat_penalty is None else self.repeat_penalty,
             presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
             seed=self.seed, stop=self.stop, logprobs=self.logprob_count(), speculate=speculate,
-            logit_bias=self.logit_bias, response_format=self.grammar(), **self.tool_fields())
+            logit_bias=self.logit_bias, response_format=self.grammar(), corpora=self.corpora,
+            **self.tool_fields())
 
     def grammar(self) -> Any:
         """The response format as RequestOptions takes it (None: free text)."""
