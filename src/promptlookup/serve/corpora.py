@@ -24,9 +24,10 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
+from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -48,6 +49,41 @@ class CorpusAdd(BaseModel):
                       description="a directory or file under one of the server's --corpus-root "
                                   "directories: a source tree or documents (indexed now), a corpus "
                                   "directory or an index file (loaded)")
+
+
+class CorpusInfo(BaseModel):
+    name: str
+    tokens: int = Field(description="tokens in the index")
+    bytes: int = Field(description="size of the index file")
+    files: int | None = Field(None, description="files indexed (None: a bare index file)")
+    source_bytes: int | None = None
+    built: str | None = None
+    in_use: int = Field(description="requests drafting from it now")
+    default: bool = Field(description="a --corpus default: requests that name none draft from it")
+    state: str | None = Field(None, description="ready (in the answer to POST)")
+
+
+class CorpusList(BaseModel):
+    object: str = "list"
+    data: list[CorpusInfo]
+    building: str | None = Field(None, description="the corpus a POST is building now")
+    roots: list[str] = Field(description="the directories POST /v1/corpora may read (--corpus-root)")
+
+
+class CorpusDeleted(BaseModel):
+    name: str
+    deleted: bool
+    deferred: bool = Field(description="true: requests still draft from it; unmapped when they end")
+
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    from promptlookup.serve.schemas import ErrorResponse
+
+    what = {400: "a bad name or path, a corrupt index, an indexing failure",
+            401: "a missing or wrong API key",
+            403: "a path outside --corpus-root (or no root given)", 404: "no corpus of that name",
+            409: "the name is taken, or another corpus is being built", 413: "the body is over --max-body"}
+    return {c: {"model": ErrorResponse, "description": what[c]} for c in codes}
 
 
 class CorpusFailure(Exception):
@@ -167,14 +203,15 @@ def _service(request: Request) -> CorpusService:
     return request.app.state.corpora
 
 
-@router.get("/v1/corpora", tags=["corpora"])
+@router.get("/v1/corpora", tags=["corpora"], response_model=CorpusList, responses=_errors(401))
 async def list_corpora(request: Request) -> dict[str, Any]:
     svc = _service(request)
     return {"object": "list", "data": svc.registry.info(), "building": svc.building,
             "roots": [str(r) for r in svc.roots]}
 
 
-@router.post("/v1/corpora", status_code=201, tags=["corpora"])
+@router.post("/v1/corpora", status_code=201, tags=["corpora"], response_model=CorpusInfo,
+             responses=_errors(400, 401, 403, 409, 413))
 async def add_corpus(body: CorpusAdd, request: Request) -> Response:
     svc = _service(request)
     try:
@@ -184,8 +221,11 @@ async def add_corpus(body: CorpusAdd, request: Request) -> Response:
     return JSONResponse(info, status_code=201)
 
 
-@router.delete("/v1/corpora/{name}", tags=["corpora"])
-async def delete_corpus(name: str, request: Request) -> Response:
+@router.delete("/v1/corpora/{name}", tags=["corpora"], response_model=CorpusDeleted,
+               responses=_errors(400, 401, 404))
+async def delete_corpus(request: Request, name: Annotated[str, PathParam(
+        max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="a loaded corpus's name")]) -> Response:
     try:
         return JSONResponse(_service(request).remove(name))
     except CorpusFailure as exc:
