@@ -12,20 +12,21 @@ and checks every output equals ``off`` token for token.
 (b) a ``promptlookup serve --parallel N`` process with ``--corpus-root`` on a copy of the Python
 installation's stdlib ``.py`` files (sorted paths, cut at ``--corpus-mb``); ``--clients`` threads
 stream completions without pause; after ``--warm`` seconds one ``POST /v1/corpora`` indexes the copy.
-It prints the clients' tok/s before and during the add, failures, the add's wall time, and whether a
+It prints the clients' streamed tok/s (counted from each chunk's logprobs) before, during and after
+the add, and per 5 s, failures, the add's wall time, and whether a
 request naming the corpus right after the call returns is served (and equals ``off``).
 
 Brief runs (what the report that introduced this measured; 2-core machine shared with other sessions:
 noisy)::
 
-    .venv/bin/python benchmarks/corpora.py a --items 4 --max-tokens 128
-    .venv/bin/python benchmarks/corpora.py b --corpus-mb 10 --clients 8 --parallel 8 --warm 20
+    .venv/bin/python benchmarks/corpora.py a --items 4 --max-tokens 128 -t 2
+    .venv/bin/python benchmarks/corpora.py b --corpus-mb 5 --clients 8 --parallel 8 --warm 30 --after 10 -t 2 -c 1024
 
 The full runs for a quiet machine::
 
     .venv/bin/python benchmarks/corpora.py a --items 30 --max-tokens 1024 -m smollm2
     .venv/bin/python benchmarks/corpora.py a --items 30 --max-tokens 1024 -m qwen2.5-coder-1.5b
-    .venv/bin/python benchmarks/corpora.py b --corpus-mb 100 --clients 8 --parallel 8 --warm 30
+    .venv/bin/python benchmarks/corpora.py b --corpus-mb 100 --clients 8 --parallel 8 --warm 60 --after 30 -c 1024
 """
 
 from __future__ import annotations
@@ -164,7 +165,7 @@ def _stream_and_add(url: str, args: argparse.Namespace, httpx, n_bytes: int) -> 
         with httpx.Client(base_url=url, timeout=600) as c:
             while not stop.is_set():
                 body = {"prompt": prompt + f"# client {i}\n", "max_tokens": 64, "temperature": 0,
-                        "stream": True}
+                        "stream": True, "logprobs": 0}  # each chunk lists its tokens
                 try:
                     with c.stream("POST", "/v1/completions", json=body) as r:
                         if r.status_code != 200:
@@ -175,9 +176,11 @@ def _stream_and_add(url: str, args: argparse.Namespace, httpx, n_bytes: int) -> 
                         for line in r.iter_lines():
                             if line == "data: [DONE]":
                                 done = True
-                            elif line.startswith("data: ") and '"text"' in line:
-                                with lock:
-                                    events.append((time.monotonic(), 1))
+                            elif line.startswith("data: {"):
+                                n = _tokens_in(line[6:])
+                                if n:
+                                    with lock:
+                                        events.append((time.monotonic(), n))
                         if not done:
                             failures.append("stream ended without [DONE]")
                 except httpx.HTTPError as exc:
@@ -214,12 +217,33 @@ def _stream_and_add(url: str, args: argparse.Namespace, httpx, n_bytes: int) -> 
     after = rate(t_done, t_done + args.after)
     print(f"\n{args.clients} clients streaming, --parallel {args.parallel}, corpus {n_bytes / 1e6:.1f} MB")
     print(f"POST /v1/corpora: HTTP {r.status_code} in {t_done - t_add:.1f} s: {r.text[:300]}")
-    print(f"stream chunks/s (all clients): before {before:.1f}, during the add {during:.1f} "
+    print(f"streamed tok/s (all clients): before {before:.1f}, during the add {during:.1f} "
           f"({(during / before - 1) * 100 if before else 0:+.1f}%), after {after:.1f}")
+    step = 5.0
+    line = []
+    t = t_add - args.warm
+    while t < t_done + args.after:
+        line.append(f"{t - t_add:+.0f}s:{rate(t, t + step):.1f}")
+        t += step
+    print("tok/s per 5 s from the add (0 = the POST; it returned at "
+          f"{t_done - t_add:+.0f}s): " + " ".join(line))
     print(f"failures: {len(failures)} {sorted(set(failures))}")
     verdict = "served, equal to off" if ok_after else ok_after
     print(f"a request naming the corpus right after the call: {verdict}")
     return 0 if r.status_code == 201 and not failures and ok_after else 1
+
+
+def _tokens_in(data: str) -> int:
+    """The tokens one streamed completion chunk carries (its logprobs list them)."""
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return 0
+    n = 0
+    for choice in obj.get("choices") or ():
+        lp = choice.get("logprobs") or {}
+        n += len(lp.get("tokens") or ())
+    return n
 
 
 def _root_of(url: str) -> str:

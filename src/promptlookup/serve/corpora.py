@@ -18,6 +18,7 @@ in the answer when that is later).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import subprocess
@@ -166,10 +167,14 @@ class CorpusService:
                str(model), "--no-progress"]
         env = dict(os.environ)
         env.setdefault("PYTHONPATH", os.pathsep.join(p for p in sys.path if p))
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False,
-                              preexec_fn=lambda: os.nice(BUILD_NICE))  # noqa: PLW1509 (no threads in the child)
+        # no preexec_fn (unsafe in a threaded server): the child is lowered right after it starts
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+        with contextlib.suppress(OSError, AttributeError):
+            nice = min(19, os.getpriority(os.PRIO_PROCESS, 0) + BUILD_NICE)
+            os.setpriority(os.PRIO_PROCESS, proc.pid, nice)
+        _, stderr = proc.communicate()
         if proc.returncode != 0:
-            lines = [x for x in proc.stderr.strip().splitlines() if x.strip()]
+            lines = [x for x in stderr.strip().splitlines() if x.strip()]
             why = lines[-1] if lines else f"exit status {proc.returncode}"
             log.warning("promptlookup serve: building corpus from %s failed: %s", src, why)
             raise CorpusFailure(400, f"indexing {src} failed: {why}", "path", "index_failed")
