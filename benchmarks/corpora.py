@@ -20,13 +20,15 @@ Brief runs (what the report that introduced this measured; 2-core machine shared
 noisy)::
 
     .venv/bin/python benchmarks/corpora.py a --items 4 --max-tokens 128 -t 2
-    .venv/bin/python benchmarks/corpora.py b --corpus-mb 5 --clients 8 --parallel 8 --warm 30 --after 10 -t 2 -c 1024
+    .venv/bin/python benchmarks/corpora.py b --corpus-mb 5 --clients 8 --parallel 8 --warm 30 --after 10 \
+        -t 2 -c 1024
 
 The full runs for a quiet machine::
 
     .venv/bin/python benchmarks/corpora.py a --items 30 --max-tokens 1024 -m smollm2
     .venv/bin/python benchmarks/corpora.py a --items 30 --max-tokens 1024 -m qwen2.5-coder-1.5b
-    .venv/bin/python benchmarks/corpora.py b --corpus-mb 100 --clients 8 --parallel 8 --warm 60 --after 30 -c 1024
+    .venv/bin/python benchmarks/corpora.py b --corpus-mb 100 --clients 8 --parallel 8 --warm 60 --after 30 \
+        -c 1024
 """
 
 from __future__ import annotations

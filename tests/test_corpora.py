@@ -124,6 +124,7 @@ def test_names() -> None:
             check_name(bad)
 
 
+@pytest.mark.model
 @requires_model
 def test_index_cli_counts_and_incremental_update(tmp_path: Path, vocab_tokenizer, capsys) -> None:
     from promptlookup.cli import main
@@ -158,6 +159,7 @@ def test_index_cli_counts_and_incremental_update(tmp_path: Path, vocab_tokenizer
     assert old["files"] == new["files"] and old["n_tokens"] == new["n_tokens"]
 
 
+@pytest.mark.model
 @requires_model
 def test_index_refusals(tmp_path: Path, vocab_tokenizer, capsys) -> None:
     from promptlookup.cli import main
@@ -175,6 +177,7 @@ def test_index_refusals(tmp_path: Path, vocab_tokenizer, capsys) -> None:
     assert "corpus name 'no such name'" in capsys.readouterr().err
 
 
+@pytest.mark.model
 @requires_model
 def test_corrupt_corpus_is_refused(tmp_path: Path, vocab_tokenizer) -> None:
     out = tmp_path / "c"
@@ -231,6 +234,7 @@ def test_registry_leases_defer_a_remove(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- the engine
+@pytest.mark.model
 @requires_model
 def test_engine_output_with_corpora_equals_off(tmp_path: Path, real_backend) -> None:
     from promptlookup.api import Engine
@@ -247,10 +251,10 @@ def test_engine_output_with_corpora_equals_off(tmp_path: Path, real_backend) -> 
                                  corpus_dir=tmp_path / "corpora")
     engine.corpora.open("fakes")
     prompt = "# ops.py\ndef add(a, b):\n    return a + b\n\n\ndef sub(a, b):"
-    off = engine.generate(prompt, max_tokens=48, temperature=0, speculate="off")
-    named = engine.generate(prompt, max_tokens=48, temperature=0)
-    both = engine.generate(prompt, max_tokens=48, temperature=0, corpora=["fakes", "ops"])
-    none = engine.generate(prompt, max_tokens=48, temperature=0, corpora=[])
+    off = engine.generate(prompt, max_tokens=32, temperature=0, speculate="off")
+    named = engine.generate(prompt, max_tokens=32, temperature=0)
+    both = engine.generate(prompt, max_tokens=32, temperature=0, corpora=["fakes", "ops"])
+    none = engine.generate(prompt, max_tokens=32, temperature=0, corpora=[])
     assert named.tokens == both.tokens == none.tokens == off.tokens
     assert named.counters.accepted_tokens > 0
     with pytest.raises(RequestError, match="no corpus named 'nope'"):

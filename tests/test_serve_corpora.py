@@ -17,7 +17,7 @@ CODE = ("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\
         "def mul(a, b):\n    return a * b\n")
 MESSAGES = [{"role": "user", "content": "Repeat this code exactly:\n" + CODE}]
 
-pytestmark = requires_model
+pytestmark = [pytest.mark.model, requires_model]
 
 
 @pytest.fixture(scope="module")
