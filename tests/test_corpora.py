@@ -161,8 +161,10 @@ def test_index_cli_counts_and_incremental_update(tmp_path: Path, vocab_tokenizer
 
 @pytest.mark.model
 @requires_model
-def test_index_refusals(tmp_path: Path, vocab_tokenizer, capsys) -> None:
+def test_index_refusals(tmp_path: Path, vocab_tokenizer, capsys, monkeypatch) -> None:
     from promptlookup.cli import main
+
+    monkeypatch.chdir(tmp_path)  # a relative -o lands here
 
     root = make_tree(tmp_path / "t")
     with pytest.raises(InputError, match="--max-memory 0 MiB"):
@@ -172,7 +174,8 @@ def test_index_refusals(tmp_path: Path, vocab_tokenizer, capsys) -> None:
     (tmp_path / "bin" / "x").write_bytes(b"\0\1")
     with pytest.raises(InputError, match="no text to index"):
         build_corpus([tmp_path / "bin"], tmp_path / "c", vocab_tokenizer)
-    assert main(["index", str(root), "-o", "bad/../name/", "--no-progress"]) == 0  # a path is a path
+    assert main(["index", str(root), "-o", "sub/../named/", "--no-progress"]) == 0  # a path is a path
+    assert (tmp_path / "named" / INDEX_FILE).is_file()
     assert main(["index", str(root), "-o", "no such name", "--no-progress"]) == 2
     assert "corpus name 'no such name'" in capsys.readouterr().err
 
