@@ -38,7 +38,7 @@ from promptlookup.backends.costs import cached_cost_curve
 from promptlookup.batching.pool import GuardedSource, Slot, SlotPool
 from promptlookup.batching.scheduler import DEFAULT_PREFILL_CHUNK, Scheduler, SlotDecoder
 from promptlookup.costcurve import CostCurve
-from promptlookup.drafting.base import DraftSource, report_of
+from promptlookup.drafting.base import DraftSource, report_of, use_corpora
 from promptlookup.drafting.forced import GrammarDrafts
 from promptlookup.drafting.spec import OFF, Run, SourceSpec, SpecError, save_state, source_factory
 from promptlookup.errors import RequestError, UsageError, check_prompt_fits
@@ -161,7 +161,11 @@ class Engine:
     file is refused) and written by :meth:`save_history`; ``history_budget`` its size in tokens
     (the oldest requests go first). ``corpus`` (a ``promptlookup index`` file), ``lookup_static``
     (a static cache) and ``cost_curve`` (auto's verify cost curve, JSON) reach every source that
-    can use them. ``reuse_prefix``: keep the cache of the prompt prefix shared with the previous
+    can use them. ``corpora``: named corpora (``promptlookup index DIR -o NAME``; a name under
+    ``corpus_dir``, default ``~/.cache/promptlookup/corpora``, or a corpus directory / index path)
+    opened now and drafted from by every request that names none; a request's ``corpora=[...]``
+    names its own from :attr:`corpora` (the registry; ``Engine.corpora.open`` adds one).
+    ``reuse_prefix``: keep the cache of the prompt prefix shared with the previous
     request.
 
     ``parallel``: requests run at once, each with ``n_ctx`` positions of its own (llama.cpp holds
@@ -179,10 +183,11 @@ class Engine:
                  history_budget: int | None = None, corpus: str | Path | None = None,
                  lookup_static: str | Path | None = None, cost_curve: str | Path | None = None,
                  reuse_prefix: bool = True, parallel: int = 1,
-                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK, grammar_drafts: bool = True) -> None:
+                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK, grammar_drafts: bool = True,
+                 corpora: Sequence[str] | None = None, corpus_dir: str | Path | None = None) -> None:
         settings = {"corpus": corpus, "static": lookup_static, "curve": cost_curve}
         self._init_settings(speculate, history, history_budget, settings, reuse_prefix, parallel,
-                            prefill_chunk, grammar_drafts)
+                            prefill_chunk, grammar_drafts, corpora, corpus_dir)
         self.backend: Model = load_backend(model, backend, n_ctx, threads, n_seq=parallel)
         self._bind()
 
@@ -192,21 +197,26 @@ class Engine:
                      corpus: str | Path | None = None, lookup_static: str | Path | None = None,
                      cost_curve: str | Path | None = None, reuse_prefix: bool = True,
                      parallel: int = 1, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-                     grammar_drafts: bool = True) -> Engine:
+                     grammar_drafts: bool = True, corpora: Sequence[str] | None = None,
+                     corpus_dir: str | Path | None = None) -> Engine:
         """An engine on a backend already loaded (a transformers model of the caller's, the replay
         backend of tests and simulations); ``parallel > 1`` needs a backend that batches
         (:class:`~promptlookup.backends.base.BatchDecoder`) with that many sequences."""
         self = cls.__new__(cls)
         settings = {"corpus": corpus, "static": lookup_static, "curve": cost_curve}
         self._init_settings(speculate, history, history_budget, settings, reuse_prefix, parallel,
-                            prefill_chunk, grammar_drafts)
+                            prefill_chunk, grammar_drafts, corpora, corpus_dir)
         self.backend = backend
         self._bind()
         return self
 
     # -- set-up -----------------------------------------------------------------------------
     def _init_settings(self, speculate, history, history_budget, settings, reuse_prefix, parallel,
-                       prefill_chunk, grammar_drafts=True) -> None:
+                       prefill_chunk, grammar_drafts=True, corpora=None, corpus_dir=None) -> None:
+        if corpora is not None and (isinstance(corpora, str) or not all(isinstance(c, str) for c in corpora)):
+            raise UsageError("corpora must be a list of corpus names or paths")
+        self._corpus_refs = tuple(corpora or ())
+        self.corpus_dir = Path(corpus_dir) if corpus_dir is not None else None
         if history_budget is not None and history_budget < 1:
             raise UsageError(f"the history budget must be at least 1 token, got {history_budget}")
         if isinstance(parallel, bool) or not isinstance(parallel, int) or not 1 <= parallel <= MAX_PARALLEL:
@@ -237,6 +247,10 @@ class Engine:
         else:
             history = History(budget=budget or DEFAULT_BUDGET, fingerprint=fp)
         self.history = history
+        from promptlookup.corpora.registry import Corpora
+
+        self.corpora = Corpora(fp, int(self.backend.n_vocab), root=self.corpus_dir,
+                               defaults=self._corpus_refs)
         self.run = Run.for_backend(self.backend, lambda: cached_cost_curve(self.backend))
         self.run.history = history
         self.scheduler: Scheduler | None = None
@@ -375,6 +389,7 @@ class Engine:
         if not ids:
             raise RequestError("the prompt is empty: at least one token is needed", "prompt")
         check_prompt_fits(len(ids), self.n_ctx)
+        self.corpora.check(opts.corpora)  # an unknown name is a 400 before the first token
         spec = self.spec(opts.speculate)
         self._check_bias(opts)
         sampler = opts.sampler(self._constraint(opts))
@@ -423,13 +438,17 @@ class Engine:
              stops: list[str], detokenize: Callable[[Sequence[int]], str]) -> Iterator[Chunk]:
         slot, keep = self._pool.acquire(ids, self.reuse_prefix)
         sched = self.scheduler
+        source = self.source_for(spec, slot)
         try:
-            if sched is not None:
-                sched.open(slot.seq, ids)
-                if self.reuse_prefix:
-                    keep = self._copy_prefix(slot, keep, ids)
-            yield from self._run_on(slot, keep, ids, opts, spec, sampler, stops, detokenize)
+            with self.corpora.lease(opts.corpora) as indexes:  # mapped until this request ends
+                use_corpora(source, indexes or None)
+                if sched is not None:
+                    sched.open(slot.seq, ids)
+                    if self.reuse_prefix:
+                        keep = self._copy_prefix(slot, keep, ids)
+                yield from self._run_on(slot, keep, ids, opts, spec, sampler, stops, detokenize)
         finally:
+            use_corpora(source, None)
             if sched is not None:
                 sched.close(slot.seq)
             self._pool.release(slot)
@@ -535,6 +554,8 @@ class Engine:
             return self.history.save(target)
 
     def close(self) -> None:
+        if getattr(self, "corpora", None) is not None:
+            self.corpora.close()
         if getattr(self, "scheduler", None) is not None:
             self.scheduler.stop()
         self.backend.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -275,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tool-choice", metavar="CHOICE",
                    help="with --tools: auto (default), none, required, or a tool's name (forced by a "
                         "grammar)")
+    _add_corpora_args(g)
     g.add_argument("--csv", metavar="FILE", help="append one key=value row of counters to FILE")
     g.add_argument("--json", action="store_true",
                    help="print one JSON object (tokens, text, counters) instead of text + report")
@@ -402,6 +404,15 @@ def _positive_float(what: str):
     return parse
 
 
+def _add_corpora_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--corpus", action="append", metavar="NAME|PATH",
+                   help="a named corpus (promptlookup index DIR -o NAME) the suffix source drafts from "
+                        "(suffix, or auto with suffix); repeat for several")
+    p.add_argument("--corpus-dir", metavar="DIR",
+                   help="where named corpora live (default $PROMPTLOOKUP_CACHE/corpora, "
+                        "~/.cache/promptlookup/corpora)")
+
+
 def _add_serve_command(sub) -> None:
     from promptlookup.api import DEFAULT_SPECULATE, MAX_PARALLEL
     from promptlookup.backends.context_size import MAX_SLOTS
@@ -454,6 +465,10 @@ def _add_serve_command(sub) -> None:
                         "(default: the environment variable PROMPTLOOKUP_API_KEY; unset: no key)")
     s.add_argument("--max-body", type=_int_in(1, 1 << 31, "--max-body"), default=8 << 20, metavar="BYTES",
                    help="largest request body (default 8 MiB); larger ones get 413")
+    _add_corpora_args(s)
+    s.add_argument("--corpus-root", action="append", metavar="DIR",
+                   help="a directory POST /v1/corpora may index or load corpora from (repeat; none: "
+                        "POST /v1/corpora is refused)")
     s.add_argument("--model-alias", metavar="NAME", help="the model id /v1/models and responses show "
                                                          "(default: the model file's name)")
     s.set_defaults(func=cmd_serve)
@@ -485,13 +500,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if context.line:
         print(f"promptlookup serve: {context.line}", file=sys.stderr)
     settings = Settings(max_queue=args.max_queue, timeout=args.timeout, api_key=key, max_body=args.max_body,
-                        model_alias=args.model_alias, history_save_every=args.history_save_every)
+                        model_alias=args.model_alias, history_save_every=args.history_save_every,
+                        corpus_roots=tuple(args.corpus_root or ()))
     engine = Engine(args.model, args.backend, threads=args.threads, n_ctx=context.n_ctx, speculate=spec,
                     history=args.suffix_history, history_budget=args.suffix_history_budget,
                     corpus=args.suffix_corpus,
                     lookup_static=args.lookup_cache_static, cost_curve=args.cost_curve,
                     parallel=context.parallel,
-                    prefill_chunk=args.prefill_chunk, grammar_drafts=args.grammar_drafts)
+                    prefill_chunk=args.prefill_chunk, grammar_drafts=args.grammar_drafts,
+                    corpora=args.corpus, corpus_dir=args.corpus_dir)
     try:
         return run_server(engine, settings, args.host, args.port)
     finally:
@@ -554,8 +571,38 @@ def _add_lookup_commands(sub) -> None:
     v.add_argument("caches", nargs="+", metavar="CACHE", help="static cache files (our format)")
     v.set_defaults(func=cmd_check)
 
-    ix = sub.add_parser("index", help="build a corpus suffix-array index for --suffix-corpus")
-    _add_corpus_args(ix, "INDEX", "index file to write")
+    ix = sub.add_parser("index", help="index a source tree or documents as a named corpus (--corpus NAME)",
+                        description="`index DIR|FILE... -o NAME`: a named corpus (a directory under "
+                                    "--corpus-dir, or -o PATH with a '/') that --corpus NAME, "
+                                    "Engine(corpora=[...]) and a server request's corpora field draft "
+                                    "from. Honours .gitignore, skips binaries, links and files over "
+                                    "--max-file-size; run again to update (only new and changed files are "
+                                    "tokenized; the suffix array is rebuilt). `index -f FILE... -o INDEX` "
+                                    "writes one index file of the files joined (--suffix-corpus).")
+    ix.add_argument("sources", nargs="*", metavar="DIR|FILE", help="directories (walked) and files to index")
+    ix.add_argument("-m", "--model", metavar="NAME|PATH", help="the tokenizer's " + MODEL_HELP)
+    ix.add_argument("-f", "--file", nargs="+", metavar="CORPUS",
+                    help="the files joined as one text, written as one index file -o INDEX (--suffix-corpus)")
+    ix.add_argument("-o", "--output", metavar="NAME|PATH",
+                    help="the corpus's name (under --corpus-dir) or directory; with -f, the index file")
+    ix.add_argument("--update", metavar="NAME|PATH",
+                    help="re-index a corpus from the sources its manifest names (new and changed files only)")
+    ix.add_argument("--rebuild", action="store_true", help="tokenize every file again (no reuse)")
+    ix.add_argument("--list", action="store_true", help="list the corpora under --corpus-dir and exit")
+    ix.add_argument("--corpus-dir", metavar="DIR",
+                    help="where named corpora live (default $PROMPTLOOKUP_CACHE/corpora, "
+                         "~/.cache/promptlookup/corpora)")
+    ix.add_argument("--max-memory", type=_int_in(16, 1 << 24, "--max-memory"), default=4096, metavar="MIB",
+                    help="refuse a corpus whose suffix-array build would need more (about 48 bytes a token; "
+                         "default 4096)")
+    ix.add_argument("--max-file-size", type=_int_in(1, 1 << 40, "--max-file-size"), default=16 << 20,
+                    metavar="BYTES", help="skip larger files (default 16 MiB)")
+    ix.add_argument("-t", "--threads", type=_int_in(1, max_workers(), "--threads"),
+                    help=f"with -f: tokenizer processes, 1..{max_workers()} (default all)")
+    ix.add_argument("--tokenizer", choices=("memo", "llama"), default="memo",
+                    help="memo (default): llama.cpp's tokens, each distinct piece tokenized once; "
+                         "llama: llama.cpp's tokenizer on every byte (the reference, slower)")
+    ix.add_argument("--no-progress", action="store_true", help="no progress bar")
     ix.set_defaults(func=cmd_index)
 
 
@@ -633,7 +680,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     context = _context(args)
     engine = Engine(args.model, getattr(args, "backend", "llama.cpp"), threads=args.threads,
                     n_ctx=context.n_ctx, speculate=spec, history=history, history_budget=budget,
-                    grammar_drafts=args.grammar_drafts)
+                    grammar_drafts=args.grammar_drafts, corpora=args.corpus, corpus_dir=args.corpus_dir)
     backend = engine.backend
     messages = one_turn(text, system)
     ids = None if opts.tools else engine.chat_ids(messages) if args.chat else engine.tokenize(text)
@@ -746,11 +793,48 @@ def cmd_index(args: argparse.Namespace) -> int:
     from promptlookup.backends.llama_cpp import default_threads
     from promptlookup.backends.models import resolve_model
     from promptlookup.build.index import run_index
+    from promptlookup.corpora import tree
 
-    st = run_index(args.file, resolve_model(args.model), args.output,
-                   workers=args.threads or default_threads(), progress=not args.no_progress,
-                   tokenizer=args.tokenizer)
-    for line in st.report_lines():
+    root = Path(args.corpus_dir) if args.corpus_dir else None
+    if args.list:
+        for name, m, err in tree.list_corpora(root):
+            print(f"{name}\t{err}" if m is None else
+                  f"{name}\t{len(m.files)} files\t{m.n_bytes} bytes\t{m.n_tokens} tokens\t"
+                  f"{m.index_bytes} index bytes\tbuilt {m.built}")
+        return 0
+    if args.file:
+        if args.sources or args.update:
+            raise UsageError("-f joins files into one index file; give either -f FILE... or DIR|FILE..., "
+                             "not both")
+        if not args.output:
+            raise UsageError("-f needs -o INDEX (the index file to write)")
+        st = run_index(args.file, resolve_model(args.model), args.output,
+                       workers=args.threads or default_threads(), progress=not args.no_progress,
+                       tokenizer=args.tokenizer)
+        for line in st.report_lines():
+            print(line, file=sys.stderr)
+        return 0
+    if args.update:
+        if args.sources or args.output:
+            raise UsageError("--update NAME re-reads the manifest's sources: give no sources and no -o")
+        out = tree.corpus_location(args.update, root)
+        sources = tree.Manifest.load(out / tree.MANIFEST_FILE).sources
+    else:
+        if not args.sources or not args.output:
+            raise UsageError("give the directories or files to index and -o NAME (or --update NAME, or "
+                             "-f FILE... -o INDEX)")
+        if "/" not in args.output and os.sep not in args.output:
+            tree.check_name(args.output)
+            out = (root or tree.corpora_dir()) / args.output
+        else:
+            out = Path(args.output)
+        sources = args.sources
+    from promptlookup.build.tokenizers import open_tokenizer
+
+    tok = open_tokenizer(resolve_model(args.model), args.tokenizer)
+    st = tree.build_corpus(sources, out, tok, progress=not args.no_progress, max_memory_mb=args.max_memory,
+                           max_file_bytes=args.max_file_size, rebuild=args.rebuild)
+    for line in st.report_lines(out):
         print(line, file=sys.stderr)
     return 0
 

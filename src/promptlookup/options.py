@@ -66,6 +66,9 @@ class RequestOptions:
     tool_choice: Any = None
     # draft the tokens the request's grammar forces (drafting.forced); None: the engine's setting
     grammar_drafts: bool | None = None
+    # the corpora (names the engine has loaded) the suffix source drafts from; None: the engine's
+    # defaults, (): none. Kept as a tuple of names; the engine checks that each is loaded.
+    corpora: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
         mt = self.max_tokens
@@ -85,6 +88,11 @@ class RequestOptions:
         if self.grammar_drafts is not None and not isinstance(self.grammar_drafts, bool):
             raise RequestError(f"grammar_drafts must be true or false, got {self.grammar_drafts!r}",
                                "grammar_drafts")
+        c = self.corpora
+        if c is not None:
+            if isinstance(c, str) or not isinstance(c, Sequence) or not all(isinstance(x, str) for x in c):
+                raise RequestError("corpora must be a list of corpus names", "corpora")
+            object.__setattr__(self, "corpora", tuple(c))
         t = self.timeout
         if t is not None and (isinstance(t, bool) or not isinstance(t, numbers.Real) or math.isnan(t)):
             raise RequestError(f"timeout must be a number of seconds, got {t!r}", "timeout")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -176,3 +176,20 @@ class NoDraft:
 
     def feedback(self, step: StepFeedback) -> None:
         pass
+
+
+def use_corpora(source: Any, corpora: Sequence[Any] | None) -> None:
+    """Point every source inside ``source`` that drafts from corpora (the suffix source, alone, in
+    ``auto`` or behind a slot's lock) at ``corpora`` -- a request's named corpora, opened indexes --
+    or, with None, back at its own. Sources without corpora ignore it."""
+    if source is None:
+        return
+    fn = getattr(source, "use_corpora", None)
+    if fn is not None:
+        fn(corpora)
+        return
+    inner = getattr(source, "inner", None)
+    if inner is not None:
+        use_corpora(inner, corpora)
+    for s in getattr(source, "sources", None) or ():
+        use_corpora(s, corpora)

@@ -58,6 +58,7 @@ class Settings:
     max_body: int = 8 << 20  # bytes of a request body
     model_alias: str | None = None
     history_save_every: int = 8  # requests between history saves
+    corpus_roots: tuple[str, ...] = ()  # directories POST /v1/corpora may read (none: adding is off)
 
 
 # -- errors ---------------------------------------------------------------------------------------
@@ -392,11 +393,16 @@ def create_app(engine: Engine, settings: Settings | None = None) -> FastAPI:
                   description="An OpenAI-compatible server that speculates by prompt lookup "
                               "(the output is the model's own). One model context: requests queue.")
     app.state.server = server
+    from promptlookup.serve.corpora import CorpusService
+    from promptlookup.serve.corpora import router as corpora_router
+
+    app.state.corpora = CorpusService(engine, settings.corpus_roots)
     app.add_exception_handler(RequestValidationError, validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, http_error)  # type: ignore[arg-type]
     app.add_exception_handler(UserError, user_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, internal_error)
     app.include_router(router)
+    app.include_router(corpora_router)
 
     def openapi() -> dict[str, Any]:
         """FastAPI's schema, less the 422 responses it adds (validation errors are 400s here)."""

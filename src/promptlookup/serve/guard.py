@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse
 from promptlookup.serve.metrics import Metrics
 
 PUBLIC_PATHS = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
-BODY_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+BODY_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/corpora"})
 
 
 def error_response(status: int, message: str, type_: str = "invalid_request_error",

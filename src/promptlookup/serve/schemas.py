@@ -75,6 +75,9 @@ class SamplingFields(_Request):
         None, description="extension: draft the tokens a response_format or forced tool call's grammar "
                           "forces (default: the server's; --no-grammar-drafts turns them off); the output "
                           "is the model's own either way")
+    corpora: Annotated[list[Annotated[str, Field(max_length=64)]], Field(max_length=8)] | None = Field(
+        None, description="extension: the named corpora (GET /v1/corpora) the suffix source drafts from "
+                          "for this request (default: the server's --corpus); an unknown name is a 400")
     user: str | None = None
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
         None, description="token id (as text) -> bias added to its logit, -100..100 (-100 bans it)")
@@ -110,6 +113,7 @@ class SamplingFields(_Request):
             presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
             seed=self.seed, stop=self.stop, logprobs=self.logprob_count(), speculate=speculate,
             logit_bias=self.logit_bias, response_format=self.grammar(), grammar_drafts=self.grammar_drafts,
+            corpora=self.corpora,
             **self.tool_fields())
 
     def grammar(self) -> Any:

@@ -84,6 +84,8 @@ class SuffixSource(TokenBuffer):
         if corpus is not None and corpus.n_vocab > n_vocab:
             raise InputError(f"the corpus index has a vocabulary of {corpus.n_vocab}, "
                              f"beyond n_vocab {n_vocab}")
+        self._own_corpora: list[CorpusIndex] = [corpus] if corpus is not None else []
+        self._corpora = self._own_corpora
         self._local = SuffixAutomaton(depth=depth)
         super().__init__()  # the request's tokens, then a draft's scratch
         self.n_vocab = n_vocab
@@ -107,8 +109,50 @@ class SuffixSource(TokenBuffer):
         self._kernel = compiled_entry(draft_kernel, self._local.tables, self._global().tables,
                                       self._index.arrays, self._buf, self._n, 2, self._params, self._feat,
                                       self._scratch)
+        self._kernels = {_kernel_key(self._index.arrays): self._kernel}
         self._committed = True
         self.reset([])
+
+    def use_corpora(self, corpora: Sequence[CorpusIndex] | None) -> None:
+        """Draft from ``corpora`` (opened indexes, e.g. a request's named corpora) until the next call;
+        None: back to the source's own (``corpus=``). Several: each is searched, and the one whose
+        match is longest decides (ties: the first named); their counts do not add."""
+        if corpora is None:
+            self._corpora = self._own_corpora
+            return
+        for c in corpora:
+            if c.n_vocab > self.n_vocab:
+                raise InputError(f"the corpus index {c.path} has a vocabulary of {c.n_vocab}, "
+                                 f"beyond n_vocab {self.n_vocab}")
+        self._corpora = list(corpora)
+
+    def _kernel_for(self, arrays) -> Callable:  # noqa: ANN001
+        """The compiled build for this corpus's array types (an mmap'd index's are read-only, an
+        empty one's writable; int32 or int64 positions): the dispatcher until its first call."""
+        key = _kernel_key(arrays)
+        k = self._kernels.get(key)
+        if k is None:
+            k = draft_kernel
+            try:
+                from numba import typeof
+
+                args = (self._local.tables, self._global().tables, arrays, self._buf, self._n, 2,
+                        self._params, self._feat, self._scratch)
+                k = draft_kernel.overloads[tuple(typeof(a) for a in args)].entry_point
+                self._kernels[key] = k
+            except (AttributeError, KeyError, TypeError):
+                pass
+        return k
+
+    @staticmethod
+    def _check(got: int, ix: CorpusIndex) -> int:
+        if got < 0:
+            if got == -1:
+                raise ValueError("a negative token id reached the suffix source")
+            from promptlookup.drafting.suffix.corpus_index import CorpusIndexError
+
+            raise CorpusIndexError(f"{ix.path}: corrupt corpus index (found while drafting)")
+        return got
 
     def _global(self) -> SuffixAutomaton:
         return self.history.automaton if self.history is not None else _empty_automaton()
@@ -169,21 +213,37 @@ class SuffixSource(TokenBuffer):
         g = h.automaton if h is not None else _empty_automaton()
         if g is not self._g_seen or g.meta[M_POS] != self._g_len:
             self._rematch(g)
-        ix = self._index
-        got = self._kernel(loc.tables, g.tables, ix.arrays, self._buf, n, k, self._params, self._feat,
-                           self._scratch)
-        if got < 0:
-            if got == -1:
-                raise ValueError("a negative token id reached the suffix source")
-            from promptlookup.drafting.suffix.corpus_index import CorpusIndexError
-
-            raise CorpusIndexError(f"{ix.path}: corrupt corpus index (found while drafting)")
-        match, count, total, prob, from_history, from_corpus = self._feat.tolist()[0]
+        corpora = self._corpora
+        if len(corpora) <= 1:
+            ix = corpora[0] if corpora else self._index
+            kernel = self._kernel if ix is self._index else self._kernel_for(ix.arrays)
+            got = self._check(kernel(loc.tables, g.tables, ix.arrays, self._buf, n, k, self._params,
+                                     self._feat, self._scratch), ix)
+            match, count, total, prob, from_history, from_corpus = self._feat.tolist()[0]
+        else:  # each corpus searched; the longest corpus match decides (ties: the first named)
+            best = None
+            for ix in corpora:
+                kernel = self._kernel_for(ix.arrays)
+                got = self._check(kernel(loc.tables, g.tables, ix.arrays, self._buf, n, k, self._params,
+                                         self._feat, self._scratch), ix)
+                feat = self._feat.tolist()[0]
+                rank = feat[0] if feat[5] else -1.0
+                if best is None or rank > best[0]:
+                    best = (rank, tuple(self._buf[n : n + got].tolist()), feat)
+            assert best is not None
+            draft = best[1]
+            got = len(draft)
+            self._buf[n : n + got] = draft
+            match, count, total, prob, from_history, from_corpus = best[2]
         if self.factor > 0:  # SuffixDecoding's cap: a draft no longer than factor x the match behind it
             got = min(got, int(self.factor * match))
         return make_draft(tuple(self._buf[n : n + got].tolist()), "suffix", match,
                           {"count": count, "total": total, "prob": prob, "from_history": from_history,
                            "from_corpus": from_corpus})
+
+
+def _kernel_key(arrays) -> tuple:  # noqa: ANN001
+    return tuple((a.dtype.str, a.flags.writeable) for a in arrays)
 
 
 # --- the source vocabulary (promptlookup.drafting.spec):
