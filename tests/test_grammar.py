@@ -107,13 +107,18 @@ def test_constrained_output_is_valid_and_speculation_changes_nothing(schema, par
         assert spec.stopped_by == plain.stopped_by
 
 
+#: a small closed object, and what the window-1 byte model writes under it from [1, 2, 3] (greedy)
+NAME_OK = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                            "ok": {"type": "boolean"}},
+           "required": ["name", "ok"], "additionalProperties": False}
+NAME_OK_TEXT = b'{ "name" : "stfnreee" , "ok" :true }'
+
+
 def test_scripted_drafts_are_accepted_through_the_grammar():
     model = ByteModel(window=1)
-    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
-                                               "ok": {"type": "boolean"}},
-              "required": ["name", "ok"], "additionalProperties": False}
+    schema = NAME_OK
     plain = _run(model, [1, 2, 3], schema, SamplingParams(), 0)
-    assert bytes(plain.tokens[:-1]) == b'{ "name" : "stfnreee" , "ok" :true }'
+    assert bytes(plain.tokens[:-1]) == NAME_OK_TEXT
     spec = _run(model, [1, 2, 3], schema, SamplingParams(), 0,
                 source=ScriptedDrafts(model, plain.tokens, 3, 0, 1.0), draft=8)
     assert spec.tokens == plain.tokens

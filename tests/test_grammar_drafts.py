@@ -11,7 +11,7 @@ import pytest
 from fakes import ByteModel, RandomDrafts
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_grammar import PARAMS, ScriptedDrafts, constraint, schemas
+from test_grammar import NAME_OK, NAME_OK_TEXT, PARAMS, ScriptedDrafts, constraint, schemas
 
 from promptlookup.drafting.auto.controller import AutoDrafter
 from promptlookup.drafting.base import Draft, StepFeedback
@@ -215,11 +215,9 @@ def test_speculation_with_grammar_drafts_changes_nothing(schema, params, seed, w
 
 def test_forced_tokens_are_accepted_and_counted():
     model = ByteModel(window=1)
-    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
-                                               "ok": {"type": "boolean"}},
-              "required": ["name", "ok"], "additionalProperties": False}
+    schema = NAME_OK
     plain = _run(model, [1, 2, 3], schema, SamplingParams(), 0)
-    assert bytes(plain.tokens[:-1]) == b'{ "name" : "stfnreee" , "ok" :true }'
+    assert bytes(plain.tokens[:-1]) == NAME_OK_TEXT
     spec = _run(model, [1, 2, 3], schema, SamplingParams(), 0, source=Fixed(), draft=8)
     assert spec.tokens == plain.tokens
     c = spec.counters

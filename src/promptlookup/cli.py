@@ -520,8 +520,12 @@ def _add_corpus_args(p, output_metavar: str, output_help: str) -> None:
     p.add_argument("-m", "--model", metavar="NAME|PATH", help="the tokenizer's " + MODEL_HELP)
     p.add_argument("-f", "--file", nargs="+", required=True, metavar="CORPUS", help="corpus text file(s)")
     p.add_argument("-o", "--output", required=True, metavar=output_metavar, help=output_help)
-    p.add_argument("-t", "--threads", type=_int_in(1, max_workers(), "--threads"),
-                   help=f"tokenizer processes, 1..{max_workers()} (the cores; default all)")
+    _add_tokenizer_args(p, f"tokenizer processes, 1..{max_workers()} (the cores; default all)")
+
+
+def _add_tokenizer_args(p, threads_help: str) -> None:
+    """How a corpus is tokenized (create, index): processes, tokenizer, progress bar."""
+    p.add_argument("-t", "--threads", type=_int_in(1, max_workers(), "--threads"), help=threads_help)
     p.add_argument("--tokenizer", choices=("memo", "llama"), default="memo",
                    help="memo (default): llama.cpp's tokens, each distinct piece tokenized once; "
                         "llama: llama.cpp's tokenizer on every byte (the reference, slower)")
@@ -597,12 +601,7 @@ def _add_lookup_commands(sub) -> None:
                          "default 4096)")
     ix.add_argument("--max-file-size", type=_int_in(1, 1 << 40, "--max-file-size"), default=16 << 20,
                     metavar="BYTES", help="skip larger files (default 16 MiB)")
-    ix.add_argument("-t", "--threads", type=_int_in(1, max_workers(), "--threads"),
-                    help=f"with -f: tokenizer processes, 1..{max_workers()} (default all)")
-    ix.add_argument("--tokenizer", choices=("memo", "llama"), default="memo",
-                    help="memo (default): llama.cpp's tokens, each distinct piece tokenized once; "
-                         "llama: llama.cpp's tokenizer on every byte (the reference, slower)")
-    ix.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_tokenizer_args(ix, f"with -f: tokenizer processes, 1..{max_workers()} (default all)")
     ix.set_defaults(func=cmd_index)
 
 
