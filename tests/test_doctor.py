@@ -226,6 +226,11 @@ def test_a_build_that_is_not_ours_gets_one_line_saying_what_is_lost_and_the_fix(
     assert build_problem(SAFE_INFO) is None and build_warning(SAFE_INFO, {}) is None
     assert build_warning(UPSTREAM_INFO, {}) == WARNING.format(
         "its matmul kernels depend on the batch (LLAMAFILE, REPACK)")
+    # set-up's build keeps the repack patched to round one way; tinyBLAS beside it is still named
+    ours = SAFE_INFO + "REPACK = 1 | REPACK_ONE_ORDER = 1 | "
+    assert build_problem(ours) is None
+    assert build_problem(ours.replace("OPENMP", "LLAMAFILE = 1 | OPENMP")) == (
+        "its matmul kernels depend on the batch (LLAMAFILE)")
     unpatched = "CPU : AVX2 = 1 | OPENMP = 1 | "  # invariant kernels, but upstream's flash attention
     assert build_warning(unpatched, {}) == WARNING.format("its flash attention is not the one-path patch")
     # the fast kernels chosen on purpose (set-up's own variable): nothing to warn about

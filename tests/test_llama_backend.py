@@ -183,6 +183,11 @@ def test_flash_attention_is_on_by_default_only_where_the_build_keeps_rows_invari
     invariant = "CPU : AVX2 = 1 | FMA = 1 | OPENMP = 1 | "
     fast_patched = "CPU : AVX2 = 1 | LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 | FA_ONE_PATH = 1 | "
     assert [one_path_flash_attention(i) for i in (patched, invariant, fast_patched)] == [True, False, False]
+    # set-up's build keeps the repack, patched (REPACK_ONE_ORDER): still invariant
+    ours = ("CPU : AVX2 = 1 | OPENMP = 1 | REPACK = 1 | FA_ONE_PATH = 1 | MUL_MAT_COLS = 1 | "
+            "REPACK_ONE_ORDER = 1 | ")
+    assert one_path_flash_attention(ours) is True
+    assert one_path_flash_attention(ours.replace("OPENMP = 1", "LLAMAFILE = 1")) is False
     assert flash_attention_default(patched, 512, {}) is True
     assert flash_attention_default(patched, 513, {}) is False  # past the bound: slower than without
     assert flash_attention_default(invariant, 512, {}) is False

@@ -34,16 +34,17 @@ def test_host_build_names_each_extension_and_never_amx():
     assert "-DGGML_AVX512_VNNI=OFF" in lr.cmake_args("host", partial, "x86_64")
 
 
-def test_invariant_kernels_leave_out_tinyblas_and_repacking_on_every_isa():
-    """The default build: the host ISA (AMX off) without the two batch-dependent kernel families."""
+def test_invariant_kernels_leave_out_tinyblas_on_every_isa():
+    """The default build: the host ISA (AMX off) without tinyBLAS; the repack stays (its Q4_K kernels
+    patched to round one way, every other type left out by another patch)."""
     for mode in lr.MODES:
         for flags in (SAPPHIRE, HASWELL):
             fast = lr.cmake_args(mode, flags, "x86_64", "fast")
             assert lr.cmake_args(mode, flags, "x86_64") == [
-                *fast[:-1], "-DGGML_LLAMAFILE=OFF", "-DGGML_CPU_REPACK=OFF", "-DLLAVA_BUILD=OFF"]
+                *fast[:-1], "-DGGML_LLAMAFILE=OFF", "-DLLAVA_BUILD=OFF"]
     assert lr.DEFAULT_KERNELS == "invariant"
     assert lr.cmake_args("host", frozenset(), "aarch64") == [
-        "-DGGML_NATIVE=ON", "-DGGML_LLAMAFILE=OFF", "-DGGML_CPU_REPACK=OFF", "-DLLAVA_BUILD=OFF"]
+        "-DGGML_NATIVE=ON", "-DGGML_LLAMAFILE=OFF", "-DLLAVA_BUILD=OFF"]
     with pytest.raises(ValueError, match="unknown kernels 'exact' \\(one of invariant, fast\\)"):
         lr.cmake_args("host", SAPPHIRE, "x86_64", "exact")
 
@@ -54,7 +55,7 @@ def test_the_kernels_come_from_the_flag_else_the_environment(monkeypatch, capsys
     monkeypatch.setenv(lr.KERNELS_ENV, "fast")
     assert lr.default_kernels() == "fast"
     assert li.main(["cmake-args", "host", "--kernels", "invariant"]) == 0
-    assert "-DGGML_LLAMAFILE=OFF -DGGML_CPU_REPACK=OFF" in capsys.readouterr().out
+    assert "-DGGML_LLAMAFILE=OFF -DLLAVA_BUILD=OFF" in capsys.readouterr().out
     assert li.main(["cmake-args", "host"]) == 0
     assert "LLAMAFILE" not in capsys.readouterr().out
     monkeypatch.setenv(lr.KERNELS_ENV, "exact")
@@ -224,6 +225,23 @@ UPSTREAM_VEC_H = ("void ggml_vec_dot_f16(int n, float * GGML_RESTRICT s, size_t 
                   "ggml_fp16_t * GGML_RESTRICT x, size_t bx, ggml_fp16_t * GGML_RESTRICT y, size_t by, "
                   "int nrc);\n")
 UPSTREAM_VEC_CPP = "void ggml_vec_silu_f32(const int n, float * y, const float * x) {\n"
+#: the repacked Q4_K gemv's last lines over a super-block (x86) and the repack's type choice
+UPSTREAM_X86_REPACK = (
+    "                    // Accumulate for the complete block\n"
+    "                    iacc_b = _mm256_add_epi32(iacc_b, iacc_sb);\n"
+    "                    iacc_min_b = _mm256_add_epi32(iacc_min_b, iacc_min_sb);\n"
+    "                }\n"
+    "\n"
+    "                // Multiply-Add with scale values for the complete super block\n"
+    "                acc_row = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc_b), _mm256_mul_ps(col_scale_f32, "
+    "row_scale_f32), acc_row);\n"
+    "                acc_min_rows = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc_min_b), "
+    "_mm256_mul_ps(col_dmin_f32, row_scale_f32), acc_min_rows);\n"
+    "\n"
+    "            }\n")
+UPSTREAM_REPACK = ("static const ggml::cpu::tensor_traits * ggml_repack_get_optimal_repack_type("
+                   "const struct ggml_tensor * cur) {\n"
+                   "    // instance for Q1_0\n")
 UPSTREAM_MUL_MAT = ("    float tmp[32];\n\n"
                     "    for (int64_t iir1 = ir1_start; iir1 < ir1_end; iir1 += blck_1) {\n"
                     "        loop();\n")
@@ -233,10 +251,13 @@ def _tree(root: Path, ops: str = UPSTREAM_OPS, features: str = UPSTREAM_FEATURES
     """A source tree holding, for each patched file, the lines the patches expect (upstream's)."""
     texts = {"ops.cpp": ops, "ggml-cpu.cpp": features, "quants.c": UPSTREAM_X86_QUANTS,
              "quants.h": UPSTREAM_QUANTS_H, "vec.h": UPSTREAM_VEC_H, "vec.cpp": UPSTREAM_VEC_CPP,
-             "ggml-cpu.c": UPSTREAM_MUL_MAT}
+             "ggml-cpu.c": UPSTREAM_MUL_MAT, "x86/repack.cpp": UPSTREAM_X86_REPACK,
+             "ggml-cpu/repack.cpp": UPSTREAM_REPACK}
     for patch in lr.SOURCE_PATCHES:
         (root / patch.path).parent.mkdir(parents=True, exist_ok=True)
-        (root / patch.path).write_text(texts[Path(patch.path).name], encoding="utf-8")
+        name = Path(patch.path).name
+        text = texts[name] if name in texts else texts[f"{Path(patch.path).parent.name}/{name}"]
+        (root / patch.path).write_text(text, encoding="utf-8")
     return root
 
 
@@ -245,7 +266,8 @@ def test_only_the_invariant_build_is_patched_and_the_patch_is_in_its_key(tmp_pat
     fast = lr.plan("host", tmp_path, SAPPHIRE, "gcc 12.2", "x86_64", "fast")
     assert inv.patches == lr.SOURCE_PATCHES and fast.patches == ()
     assert [Path(p.path).name for p in inv.patches] == ["ops.cpp", "ggml-cpu.cpp", "quants.c", "quants.h",
-                                                         "vec.h", "vec.cpp", "ggml-cpu.c", "ggml-cpu.cpp"]
+                                                         "vec.h", "vec.cpp", "ggml-cpu.c", "ggml-cpu.cpp",
+                                                         "repack.cpp", "repack.cpp", "ggml-cpu.cpp"]
     # the same flags without the patches would be another wheel
     assert inv.key != lr.wheelhouse_key(lr.LLAMA_CPP_PYTHON_VERSION, inv.args, "gcc 12.2")
     assert inv.key == lr.wheelhouse_key(lr.LLAMA_CPP_PYTHON_VERSION, inv.args, "gcc 12.2", inv.patches)
@@ -265,11 +287,41 @@ def test_the_patches_force_one_flash_attention_path_and_say_so(tmp_path):
                         "see x86 quants.c\n"
                         '        features.push_back({ "MUL_MAT_COLS", "1" });\n'
                         "#endif\n"
+                        '        features.push_back({ "REPACK_ONE_ORDER", "1" });  // promptlookup: see '
+                        "repack.cpp\n"
                         "        features.push_back({ nullptr, nullptr });\n")
     # what llama.cpp prints for those features is what the backend looks for
     from promptlookup.backends.llama_cpp import FLASH_ATTENTION_ONE_PATH, MUL_MAT_COLS
     assert lr.FA_ONE_PATH_MARK == FLASH_ATTENTION_ONE_PATH == "FA_ONE_PATH = 1"
     assert lr.MUL_MAT_COLS_MARK == MUL_MAT_COLS == "MUL_MAT_COLS = 1"
+    from promptlookup.backends.llama_cpp import REPACK_ONE_ORDER
+    assert lr.REPACK_ONE_ORDER_MARK == REPACK_ONE_ORDER == "REPACK_ONE_ORDER = 1"
+
+
+def test_the_patches_make_the_q4_k_gemv_round_as_the_gemm_and_repack_nothing_else(tmp_path):
+    root = _tree(tmp_path)
+    lr.apply_patches(root, lr.SOURCE_PATCHES)
+    gemv = (root / lr.SOURCE_PATCHES[8].path).read_text(encoding="utf-8")
+    # one multiply-add per 64 weights inside the loop, none after it
+    assert gemv == (
+        "                    // promptlookup: one multiply-add per 64 weights, as the gemm does (same "
+        "rounding)\n"
+        "                    (void) iacc_b; (void) iacc_min_b;\n"
+        "                    acc_row = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc_sb), _mm256_mul_ps("
+        "col_scale_f32, row_scale_f32), acc_row);\n"
+        "                    acc_min_rows = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc_min_sb), "
+        "_mm256_mul_ps(col_dmin_f32, row_scale_f32), acc_min_rows);\n"
+        "                }\n"
+        "\n"
+        "            }\n")
+    choice = (root / lr.SOURCE_PATCHES[9].path).read_text(encoding="utf-8")
+    assert choice == ("static const ggml::cpu::tensor_traits * ggml_repack_get_optimal_repack_type("
+                      "const struct ggml_tensor * cur) {\n"
+                      "    if (cur->type != GGML_TYPE_Q4_K) {  // promptlookup: the one repack made "
+                      "invariant\n"
+                      "        return nullptr;\n"
+                      "    }\n"
+                      "    // instance for Q1_0\n")
 
 
 def test_the_patches_put_the_column_matmul_into_ggml_and_call_it_before_the_pair_loop(tmp_path):

@@ -38,8 +38,13 @@ CTX_PAD = 256
 WANTS = ("all", "last", "none")
 #: what llama.cpp's system info prints for the matmul kernels whose result for a row depends on how
 #: many rows share the batch: llamafile's tinyBLAS (taken for 2+ rows, the one-token decode takes
-#: ggml's vec-dot) and the repacked weight layouts (a gemm for 4+ rows, a gemv below)
+#: ggml's vec-dot) and the repacked weight layouts (a gemm for 4+ rows, a gemv below), unless set-up
+#: patched the repack (:data:`REPACK_ONE_ORDER`)
 BATCH_DEPENDENT_KERNELS = ("LLAMAFILE = 1", "REPACK = 1")
+#: what set-up's invariant build adds to the system info when it keeps the repack: Q4_K only, its
+#: gemv rounding as its gemm does (promptlookup.llama_build.recipe says why), so ``REPACK = 1`` is
+#: then not batch-dependent
+REPACK_ONE_ORDER = "REPACK_ONE_ORDER = 1"
 #: ggml's tiled K-quant matmul is a third such kernel (taken for 8+ rows); it has no build switch
 #: but this environment variable, read at its first use, turns it off
 TILED_MATMUL_ENV = "GGML_CPU_TILED_MM"
@@ -66,7 +71,15 @@ def invariant_build(info: str) -> bool:
     """Whether the build was made without the batch-dependent kernels (set-up's ``invariant``
     kernels), read from its system info: only then can a row be bit-identical in every batch. The
     smoke test proves it on the installed library; this only says what was asked for."""
-    return not any(k in info for k in BATCH_DEPENDENT_KERNELS)
+    return not _batch_dependent(info)
+
+
+def _batch_dependent(info: str) -> list[str]:
+    """The batch-dependent kernels ``info`` reports (their names, as ``LLAMAFILE``)."""
+    found = [k for k in BATCH_DEPENDENT_KERNELS if k in info]
+    if REPACK_ONE_ORDER in info:
+        found = [k for k in found if k != "REPACK = 1"]
+    return [k.split(" = ")[0] for k in found]
 
 
 def one_path_flash_attention(info: str) -> bool:
@@ -88,8 +101,7 @@ def build_problem(info: str) -> str | None:
     (None: it is that build). A build pip made from upstream's source has llama.cpp's default kernels,
     whose result for a row depends on the batch, and lacks the flash-attention patch."""
     if not invariant_build(info):
-        found = [k.split(" = ")[0] for k in BATCH_DEPENDENT_KERNELS if k in info]
-        return f"its matmul kernels depend on the batch ({', '.join(found)})"
+        return f"its matmul kernels depend on the batch ({', '.join(_batch_dependent(info))})"
     if not one_path_flash_attention(info):
         return "its flash attention is not the one-path patch"
     return None

@@ -7,7 +7,8 @@ decode (llama.cpp PR #26954). So on x86-64 the build names each extension itself
 off), from what the CPU reports, minus those known to be broken upstream (:data:`BROKEN_ISA`).
 
 By default it also leaves out the matmul kernels whose result for a row depends on the batch width
-(:data:`INVARIANT_ARGS`: llamafile's tinyBLAS and the repacked layouts), so a position's logits are
+(:data:`INVARIANT_ARGS`: llamafile's tinyBLAS; the CPU repack is kept for Q4_K only, patched to round
+one way, ``REPACK_ONE_ORDER = 1``), so a position's logits are
 bit-identical whether it is decoded alone or in a verify batch and speculative output equals plain
 decoding (docs/exactness.md: measured ~10% slower prefill, 0-10% dearer verify steps, same decode).
 The invariant build also patches one line of ggml's CPU flash attention (:data:`SOURCE_PATCHES`):
@@ -60,13 +61,14 @@ HOST_ISA: tuple[tuple[str, tuple[str, ...]], ...] = (
 CONSERVATIVE_ISA = frozenset({"SSE42", "AVX", "AVX2", "FMA", "F16C"})
 MODES = ("host", "conservative")
 #: the matmul kernels: ``invariant`` builds llama.cpp without the kernels whose result for a row
-#: depends on how many rows share the batch (llamafile's tinyBLAS, taken for 2+ rows; the repacked
-#: weight layouts and their gemm/gemv pairs), so a position's logits are bit-identical whether it is
+#: depends on how many rows share the batch (llamafile's tinyBLAS, taken for 2+ rows; every repacked
+#: weight layout but Q4_K's, whose gemv is patched to round as its gemm), so a position's logits are
+#: bit-identical whether it is
 #: decoded alone, in a verify batch or in a prefill, and speculative output equals plain decoding.
 #: ``fast`` keeps them (llama.cpp's defaults).
 KERNELS = ("invariant", "fast")
 DEFAULT_KERNELS = "invariant"
-INVARIANT_ARGS = ("-DGGML_LLAMAFILE=OFF", "-DGGML_CPU_REPACK=OFF")
+INVARIANT_ARGS = ("-DGGML_LLAMAFILE=OFF",)
 KERNELS_ENV = "PROMPTLOOKUP_LLAMA_KERNELS"
 
 
@@ -96,6 +98,20 @@ FA_ONE_PATH_MARK = "FA_ONE_PATH = 1"
 #: operations of upstream's ``vec_dot`` in the same order: every result is bit-identical to
 #: upstream's, whatever the batch, and the build says so (``MUL_MAT_COLS = 1``).
 MUL_MAT_COLS_MARK = "MUL_MAT_COLS = 1"
+#: The third patch keeps the CPU repack (``GGML_CPU_REPACK``) for Q4_K, the weight type that most
+#: K-quant GGUFs are made of, and makes it invariant. The repack interleaves 8 weight rows at load
+#: time and has two kernels: a gemm for groups of 4 token rows and a gemv for the rest (a one-token
+#: decode, and what is left of a batch). Both compute the same integer sums per 64 weights, exactly;
+#: the gemm then multiplies-adds each of the 4 into the float result, while the gemv adds the 4
+#: integers first and multiplies-adds once per 256 weights: other rounding, so a row's logits
+#: depended on its batch (measured: 734 of 736 rows differ on Qwen2.5-Coder-0.5B). The patch makes
+#: the gemv multiply-add per 64 weights as the gemm does; the activations' Q8_K quantization of the
+#: two paths (upstream's ``quantize_row_q8_K`` and its 4-row twin) gives the same values for the same
+#: row (the one case where they choose another sign for the scale, a largest magnitude seen both
+#: positive and negative, negates both the integers and the scale: the same products). Every other
+#: repacked type (Q4_0, IQ4_NL, Q2_K, MXFP4 on x86) is left to ggml's plain kernels, which are
+#: invariant: its gemv and gemm were not checked. The build says so (``REPACK_ONE_ORDER = 1``).
+REPACK_ONE_ORDER_MARK = "REPACK_ONE_ORDER = 1"
 #: the C sources the patches insert: package data, so an installed promptlookup can build too
 PATCH_DIR = Path(__file__).resolve().parent / "ggml_patches"
 _FEATURES_END = "        features.push_back({ nullptr, nullptr });\n"
@@ -112,6 +128,30 @@ _F16_COLS_DECL = ("// promptlookup: rows [r0, r1) of an F16 matrix against nc F1
                   "int64_t r0, int64_t r1, const ggml_fp16_t * const * GGML_RESTRICT y, "
                   "float * const * GGML_RESTRICT s, int nc);\n")
 _SILU_DEF = "void ggml_vec_silu_f32(const int n, float * y, const float * x) {\n"
+#: the repacked Q4_K gemv (x86, AVX2): its accumulation after the loop over 64-weight groups
+_Q4_K_GEMV_SUMS = (
+    "                    // Accumulate for the complete block\n"
+    "                    iacc_b = _mm256_add_epi32(iacc_b, iacc_sb);\n"
+    "                    iacc_min_b = _mm256_add_epi32(iacc_min_b, iacc_min_sb);\n"
+    "                }\n"
+    "\n"
+    "                // Multiply-Add with scale values for the complete super block\n"
+    "                acc_row = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc_b), _mm256_mul_ps(col_scale_f32, "
+    "row_scale_f32), acc_row);\n"
+    "                acc_min_rows = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc_min_b), "
+    "_mm256_mul_ps(col_dmin_f32, row_scale_f32), acc_min_rows);\n"
+)
+_Q4_K_GEMV_PER_GROUP = (
+    "                    // promptlookup: one multiply-add per 64 weights, as the gemm does (same rounding)\n"
+    "                    (void) iacc_b; (void) iacc_min_b;\n"
+    "                    acc_row = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc_sb), _mm256_mul_ps(col_scale_f32, "
+    "row_scale_f32), acc_row);\n"
+    "                    acc_min_rows = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc_min_sb), "
+    "_mm256_mul_ps(col_dmin_f32, row_scale_f32), acc_min_rows);\n"
+    "                }\n"
+)
+_REPACK_CHOICE = ("static const ggml::cpu::tensor_traits * ggml_repack_get_optimal_repack_type("
+                  "const struct ggml_tensor * cur) {\n")
 
 
 def _patch_text(name: str) -> str:
@@ -169,6 +209,25 @@ SOURCE_PATCHES = (
         "  // promptlookup: see x86 quants.c\n"
         '        features.push_back({ "MUL_MAT_COLS", "1" });\n'
         "#endif\n" + _FEATURES_END,
+    ),
+    SourcePatch(
+        "vendor/llama.cpp/ggml/src/ggml-cpu/arch/x86/repack.cpp",
+        _Q4_K_GEMV_SUMS,
+        _Q4_K_GEMV_PER_GROUP,
+    ),
+    SourcePatch(
+        "vendor/llama.cpp/ggml/src/ggml-cpu/repack.cpp",
+        _REPACK_CHOICE,
+        _REPACK_CHOICE + "    if (cur->type != GGML_TYPE_Q4_K) {  // promptlookup: the one repack made "
+        "invariant\n"
+        "        return nullptr;\n"
+        "    }\n",
+    ),
+    SourcePatch(
+        "vendor/llama.cpp/ggml/src/ggml-cpu/ggml-cpu.cpp",
+        _FEATURES_END,
+        '        features.push_back({ "REPACK_ONE_ORDER", "1" });  // promptlookup: see repack.cpp\n'
+        + _FEATURES_END,
     ),
 )
 
