@@ -152,9 +152,12 @@ def test_speculative_output_equals_plain_decoding_for_every_source(model, worklo
         source, draft = make_source(parse_cell(spec), backend)
         got = generate(backend, prompt, n, source=source, draft=draft)
         assert got.tokens == plain, f"{spec} left plain decoding at token {_first_diff(got.tokens, plain)}"
-        # it did speculate (batches wider than 1 ran); auto may decline to draft on prose where its
-        # cost curve says drafting loses (it does on Qwen2.5-Coder 0.5B), and drafts on copy_edit
+        # it did speculate: drafts went into verify batches wider than 1 (auto may decline to draft on
+        # prose, where its cost curve says drafting loses, as on Qwen2.5-Coder 0.5B); on copy_edit
+        # some were accepted too (the 1.5B's prose repeats too little for a fixed source to land one)
         if spec != "auto" or workload == "copy_edit":
+            assert got.counters.drafted_tokens > 0, spec
+        if workload == "copy_edit":
             assert got.counters.accepted_tokens > 0, spec
 
     def sampled(spec: str | None) -> list[int]:
