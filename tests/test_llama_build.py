@@ -317,10 +317,14 @@ def test_the_patches_make_the_q4_k_gemv_round_as_the_gemm_and_repack_nothing_els
     choice = (root / lr.SOURCE_PATCHES[9].path).read_text(encoding="utf-8")
     assert choice == ("static const ggml::cpu::tensor_traits * ggml_repack_get_optimal_repack_type("
                       "const struct ggml_tensor * cur) {\n"
+                      "#if defined(__AVX2__) && (defined(__x86_64__) || defined(_M_X64))\n"
                       "    if (cur->type != GGML_TYPE_Q4_K) {  // promptlookup: the one repack made "
                       "invariant\n"
                       "        return nullptr;\n"
                       "    }\n"
+                      "#else\n"
+                      "    return nullptr;  // promptlookup: no repack made invariant for this CPU\n"
+                      "#endif\n"
                       "    // instance for Q1_0\n")
 
 

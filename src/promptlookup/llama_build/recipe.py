@@ -110,7 +110,8 @@ MUL_MAT_COLS_MARK = "MUL_MAT_COLS = 1"
 #: row (the one case where they choose another sign for the scale, a largest magnitude seen both
 #: positive and negative, negates both the integers and the scale: the same products). Every other
 #: repacked type (Q4_0, IQ4_NL, Q2_K, MXFP4 on x86) is left to ggml's plain kernels, which are
-#: invariant: its gemv and gemm were not checked. The build says so (``REPACK_ONE_ORDER = 1``).
+#: invariant: its gemv and gemm were not checked; so is Q4_K on CPUs other than x86 with AVX2, whose
+#: kernels are other code. The build says so (``REPACK_ONE_ORDER = 1``).
 REPACK_ONE_ORDER_MARK = "REPACK_ONE_ORDER = 1"
 #: the C sources the patches insert: package data, so an installed promptlookup can build too
 PATCH_DIR = Path(__file__).resolve().parent / "ggml_patches"
@@ -149,6 +150,17 @@ _Q4_K_GEMV_PER_GROUP = (
     "                    acc_min_rows = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc_min_sb), "
     "_mm256_mul_ps(col_dmin_f32, row_scale_f32), acc_min_rows);\n"
     "                }\n"
+)
+#: the guard put first in the repack's choice of layout: Q4_K on x86 with AVX2 (the gemv patched
+#: above), nothing elsewhere (other CPUs' Q4_K kernels are not patched, so they repack nothing)
+_REPACK_ONLY_Q4_K_ON_X86 = (
+    "#if defined(__AVX2__) && (defined(__x86_64__) || defined(_M_X64))\n"
+    "    if (cur->type != GGML_TYPE_Q4_K) {  // promptlookup: the one repack made invariant\n"
+    "        return nullptr;\n"
+    "    }\n"
+    "#else\n"
+    "    return nullptr;  // promptlookup: no repack made invariant for this CPU\n"
+    "#endif\n"
 )
 _REPACK_CHOICE = ("static const ggml::cpu::tensor_traits * ggml_repack_get_optimal_repack_type("
                   "const struct ggml_tensor * cur) {\n")
@@ -218,10 +230,7 @@ SOURCE_PATCHES = (
     SourcePatch(
         "vendor/llama.cpp/ggml/src/ggml-cpu/repack.cpp",
         _REPACK_CHOICE,
-        _REPACK_CHOICE + "    if (cur->type != GGML_TYPE_Q4_K) {  // promptlookup: the one repack made "
-        "invariant\n"
-        "        return nullptr;\n"
-        "    }\n",
+        _REPACK_CHOICE + _REPACK_ONLY_Q4_K_ON_X86,
     ),
     SourcePatch(
         "vendor/llama.cpp/ggml/src/ggml-cpu/ggml-cpu.cpp",
