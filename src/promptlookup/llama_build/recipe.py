@@ -109,9 +109,10 @@ MUL_MAT_COLS_MARK = "MUL_MAT_COLS = 1"
 #: two paths (upstream's ``quantize_row_q8_K`` and its 4-row twin) gives the same values for the same
 #: row (the one case where they choose another sign for the scale, a largest magnitude seen both
 #: positive and negative, negates both the integers and the scale: the same products). Every other
-#: repacked type (Q4_0, IQ4_NL, Q2_K, MXFP4 on x86) is left to ggml's plain kernels, which are
-#: invariant: its gemv and gemm were not checked; so is Q4_K on CPUs other than x86 with AVX2, whose
-#: kernels are other code. The build says so (``REPACK_ONE_ORDER = 1``).
+#: type the repack would take (Q4_0, IQ4_NL, Q2_K, MXFP4 on x86) stays in its file layout and takes
+#: ggml's plain, invariant kernels (their repacked gemv and gemm were not checked); so does Q4_K on
+#: CPUs other than x86 with AVX2, whose repack kernels are other code. The build says so
+#: (``REPACK_ONE_ORDER = 1``).
 REPACK_ONE_ORDER_MARK = "REPACK_ONE_ORDER = 1"
 #: the C sources the patches insert: package data, so an installed promptlookup can build too
 PATCH_DIR = Path(__file__).resolve().parent / "ggml_patches"
