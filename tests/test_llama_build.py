@@ -249,14 +249,14 @@ UPSTREAM_MUL_MAT = ("    float tmp[32];\n\n"
 
 def _tree(root: Path, ops: str = UPSTREAM_OPS, features: str = UPSTREAM_FEATURES) -> Path:
     """A source tree holding, for each patched file, the lines the patches expect (upstream's)."""
+    # keyed by the end of each patched path (two files are named repack.cpp)
     texts = {"ops.cpp": ops, "ggml-cpu.cpp": features, "quants.c": UPSTREAM_X86_QUANTS,
              "quants.h": UPSTREAM_QUANTS_H, "vec.h": UPSTREAM_VEC_H, "vec.cpp": UPSTREAM_VEC_CPP,
              "ggml-cpu.c": UPSTREAM_MUL_MAT, "x86/repack.cpp": UPSTREAM_X86_REPACK,
              "ggml-cpu/repack.cpp": UPSTREAM_REPACK}
     for patch in lr.SOURCE_PATCHES:
         (root / patch.path).parent.mkdir(parents=True, exist_ok=True)
-        name = Path(patch.path).name
-        text = texts[name] if name in texts else texts[f"{Path(patch.path).parent.name}/{name}"]
+        [text] = [t for tail, t in texts.items() if patch.path.endswith("/" + tail)]
         (root / patch.path).write_text(text, encoding="utf-8")
     return root
 
