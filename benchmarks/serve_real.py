@@ -33,6 +33,9 @@ tiny untimed request, and stopped; or ``--url`` for one server already running, 
 
 - ``ours-off``  ``python -m promptlookup serve -m MODEL --speculate off --parallel 1``
 - ``ours``      the same with ``--speculate auto`` (the default)
+- ``ours-corpus`` ``ours`` with a default corpus (``--corpus``, issue 45): for agents, by default the
+  tasks' simulator states (each task's initial state of each API, as the simulators print a dict,
+  and the simulators' sources), indexed here with ``promptlookup index`` on the row's model
 - ``ls``        llama.cpp's ``llama-server --jinja -np 1`` (its template engine and tool-call parser)
 - ``ls-spec``   the same with its n-gram speculation (``--spec-default``)
 
@@ -62,7 +65,9 @@ import inspect
 import json
 import keyword
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -80,7 +85,7 @@ from real.common import WorkloadError, read_jsonl, workloads_root  # noqa: E402
 from real.sources import site_dir, site_ready  # noqa: E402
 
 OUR_SRC = HERE.parent / "src"
-ROW_KEYS = ("ours-off", "ours", "ls", "ls-spec")
+ROW_KEYS = ("ours-off", "ours", "ours-corpus", "ls", "ls-spec")
 WORKLOADS = {"agents": 512, "tool_turns": 256, "fast_apply": 2048, "summaries": 384}  # -> default max_tokens
 SIM_PREFIX = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code"
 # class -> simulator module (bfcl_eval.constants.executable_backend_config.CLASS_FILE_PATH_MAPPING)
@@ -417,10 +422,56 @@ def row_argv(key: str, args: argparse.Namespace) -> list[str]:
         return [*ours, "--speculate", "off"]
     if key == "ours":
         return [*ours, "--speculate", args.speculate]
+    if key == "ours-corpus":
+        return [*ours, "--speculate", args.speculate, "--corpus", str(args.corpus_index)]
     server = args.llama_server or _default_llama_server()
     ls = [str(server), "-m", model, "-t", t, "-tb", t, "-c", ctx, "-np", "1", "--jinja",
           "--host", "127.0.0.1"]
     return ls if key == "ls" else [*ls, "--spec-default"]
+
+
+def write_states(tasks: list[dict[str, Any]], dest: Path, site: Path) -> int:
+    """The agents' corpus: per task and API, its initial state as the simulator prints a dict
+    (``json.dumps``: what a tool result that returns it looks like), plus the simulators' sources;
+    the number of files written."""
+    n = 0
+    for task in tasks:
+        for cls in task["involved_classes"]:
+            if cls in STATELESS:
+                continue
+            f = dest / "states" / task["id"] / f"{cls}.json"
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.write_text(json.dumps(task["initial_config"].get(cls, {})) + "\n", encoding="utf-8")
+            n += 1
+    for src in sorted(site.joinpath(*SIM_PREFIX.split(".")).glob("*.py")):
+        (dest / "simulators").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dest / "simulators" / src.name)
+        n += 1
+    return n
+
+
+def prepare_corpus(keys: list[str], tasks: list[dict[str, Any]], args: argparse.Namespace,
+                   work: Path) -> None:
+    """For the ``ours-corpus`` row: ``--corpus states`` indexed on the row's model (``promptlookup
+    index``) into ``work``; another value is passed to the server as given."""
+    if "ours-corpus" not in keys:
+        return
+    if args.corpus != "states":
+        args.corpus_index = args.corpus
+        return
+    if args.workload not in ("agents", "tool_turns"):
+        raise SystemExit("serve_real: error: --corpus states is for the agent tasks; name a corpus")
+    n = write_states(tasks, work / "corpus-src", use_site())
+    out = work / "corpus"
+    cmd = [sys.executable, "-m", "promptlookup", "index", str(work / "corpus-src"), "-o", str(out), "-m",
+           str(args.model), "--no-progress"]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(OUR_SRC), *filter(None, [env.get("PYTHONPATH")])])
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    if r.returncode != 0:
+        raise SystemExit(f"serve_real: error: indexing the states failed: {r.stderr.strip()[-400:]}")
+    print(f"corpus: {n} files; {r.stderr.strip().splitlines()[-1]}", file=sys.stderr, flush=True)
+    args.corpus_index = out
 
 
 def _default_llama_server() -> Path:
@@ -527,6 +578,7 @@ def tool_turns(keys: list[str], tasks: list[dict[str, Any]], args: argparse.Name
                                                   for k, ts in turns.items() for x in ts))
 
     with tempfile.TemporaryDirectory(prefix="serve_real-") as logdir:
+        prepare_corpus(keys, tasks, args, Path(logdir))
         for key in keys:
             run_row(key, args.url, tasks, args, Path(logdir), emit)
     md = "\n\n".join(f"**{k}**\n\n{tool_table(ts)}" for k, ts in turns.items())
@@ -555,6 +607,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-c", "--ctx", type=int, default=16384, help="context of the servers started here")
     ap.add_argument("--speculate", default="auto", help="the ours row's --speculate (default auto)")
+    ap.add_argument("--corpus", default="states",
+                    help="the ours-corpus row's corpus: 'states' (the agent tasks' simulator states, "
+                         "indexed here) or a corpus name, directory or index")
     ap.add_argument("--llama-server", type=Path, help="llama-server binary (default: llama_tools' build)")
     ap.add_argument("--start-timeout", type=float, default=300)
     ap.add_argument("--request-timeout", type=float, default=900)
@@ -604,6 +659,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             atomic_write_text(args.jsonl, "".join(json.dumps(asdict(x)) + "\n" for x in sessions))
 
     with tempfile.TemporaryDirectory(prefix="serve_real-") as logdir:
+        prepare_corpus(keys, items, args, Path(logdir))
         for key in keys:
             run_row(key, args.url, items, args, Path(logdir), emit)
     mark_identical(sessions)

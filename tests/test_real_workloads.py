@@ -333,6 +333,27 @@ def test_report_marks_identical_sessions_and_pairs_walls():
         "| auto | 2 | 1/2 | 1/2 | 4.0 | 2.0 | 1.414x (1.000-2.000, n=2) | 4 | 20 | 2 | 5.00 | 12/16 |"]
 
 
+def test_agents_corpus_holds_each_tasks_states_as_tools_print_them_and_the_simulators(tmp_path):
+    import serve_real
+
+    code = tmp_path.joinpath("site", *serve_real.SIM_PREFIX.split("."))
+    code.mkdir(parents=True)
+    (code / "trading_bot.py").write_text("class TradingBot:\n    pass\n")
+    (code / "notes.txt").write_text("not a source")
+    tasks = [{"id": "multi_turn_base_7", "involved_classes": ["TradingBot", "MathAPI"],
+              "initial_config": {"TradingBot": {"balance": 35000.0, "stocks": {"AAPL": {"price": 227.16}}}}},
+             {"id": "multi_turn_base_8", "involved_classes": ["TicketAPI"], "initial_config": {}}]
+    assert serve_real.write_states(tasks, tmp_path / "out", tmp_path / "site") == 3
+    files = sorted(str(f.relative_to(tmp_path / "out")) for f in (tmp_path / "out").rglob("*") if f.is_file())
+    assert files == ["simulators/trading_bot.py", "states/multi_turn_base_7/TradingBot.json",
+                     "states/multi_turn_base_8/TicketAPI.json"]  # MathAPI keeps no state
+    assert (tmp_path / "out/states/multi_turn_base_7/TradingBot.json").read_text() == \
+        '{"balance": 35000.0, "stocks": {"AAPL": {"price": 227.16}}}\n'
+    assert (tmp_path / "out/states/multi_turn_base_8/TicketAPI.json").read_text() == "{}\n"
+    args = SimpleNamespace(model=Path("m.gguf"), threads=2, ctx=4096, speculate="auto", corpus_index="/c")
+    assert serve_real.row_argv("ours-corpus", args)[-4:] == ["--speculate", "auto", "--corpus", "/c"]
+
+
 def test_build_command_refuses_an_unknown_workload(capsys):
     # loaded by path under its own name: a module named "build" on sys.path would shadow pypa's
     spec = importlib.util.spec_from_file_location("real_workloads_build",
