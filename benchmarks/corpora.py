@@ -16,19 +16,16 @@ installation's ``.py`` files (stdlib, then site-packages; sorted paths, cut at `
 chunk's logprobs) before, during and after the add, and per 5 s, failures, the add's wall time,
 and whether a request naming the corpus right after the call returns is served (and equals ``off``).
 
-Brief runs (what the report that introduced this measured; 2-core machine shared with other sessions:
-noisy)::
+The runs docs/suffix.md and docs/server.md report (2026-12-05, quiet 2-core machine)::
 
-    .venv/bin/python benchmarks/corpora.py a --items 4 --max-tokens 128 -t 2
-    .venv/bin/python benchmarks/corpora.py b --corpus-mb 5 --clients 8 --parallel 8 --warm 30 --after 10 \
-        -t 2 -c 1024
+    .venv/bin/python benchmarks/corpora.py a --items 12 --max-tokens 512 -t 2
+    .venv/bin/python benchmarks/corpora.py a -m qwen2.5-coder-1.5b --items 8 --max-tokens 384 -t 2
+    .venv/bin/python benchmarks/corpora.py b --speculate off --corpus-mb 100 --clients 8 --parallel 8 \
+        --warm 60 --after 30 -c 1024 -t 2
 
-The full runs for a quiet machine::
-
-    .venv/bin/python benchmarks/corpora.py a --items 30 --max-tokens 1024 -m smollm2
-    .venv/bin/python benchmarks/corpora.py a --items 30 --max-tokens 1024 -m qwen2.5-coder-1.5b
-    .venv/bin/python benchmarks/corpora.py b --corpus-mb 100 --clients 8 --parallel 8 --warm 60 --after 30 \
-        -c 1024
+(``--speculate off`` keeps the clients' rate level, so a dip shows; with drafting clients their
+acceptance grows through the run.) Agent sessions with a corpus: ``serve_real.py --rows
+ours-off,ours,ours-corpus``.
 """
 
 from __future__ import annotations

@@ -266,6 +266,52 @@ def test_cancel_and_timeout_end_a_generation():
     assert c.stopped_by == "time" and c.finish_reason == "length" and len(c.tokens) == 1
 
 
+def test_a_long_prompt_alone_is_read_n_batch_tokens_a_call_and_can_be_left_between_calls():
+    """A model that batches (n_batch 32) alone on the engine: a 90-token prompt is read in calls of
+    32 from the start (the calls its own prefill would make), the loop's prefill reads the last 26;
+    a cancel between calls ends the request with no token, and what was read stays for the next."""
+    from fakes import BatchByteModel
+
+    prompt = "the quick brown fox jumps over the lazy dog; " * 2  # 90 bytes, 90 ids
+    one_call = Engine.from_backend(ByteModel(eos=False), speculate="off").generate(prompt, max_tokens=12)
+    model = BatchByteModel(n_seq=1, n_batch=32, eos=False)
+    e = Engine.from_backend(model, speculate="suffix")
+    c = e.generate(prompt, max_tokens=12)
+    assert model.prefills == [(32, 0), (64, 32), (90, 64)]  # (prompt length, positions kept)
+    assert c.tokens == one_call.tokens and c.cached_tokens == 0 and c.counters.cached_tokens == 0
+
+    model = BatchByteModel(n_seq=1, n_batch=32, eos=False)
+    e = Engine.from_backend(model, speculate="suffix")
+    asked = []
+    c = e.generate(prompt, max_tokens=12, cancelled=lambda: len(asked.append(1) or asked) >= 2)
+    assert (c.tokens, c.text, c.stopped_by, c.finish_reason) == ([], "", "cancelled", "length")
+    assert model.prefills == [(32, 0)] and list(model.tokens) == list(prompt.encode())[:32]
+    assert e.history.n_tokens == 0  # a request that wrote nothing does not join the history
+    again = e.generate(prompt, max_tokens=12)
+    assert again.tokens == one_call.tokens and again.cached_tokens == 32
+    assert model.prefills[1:] == [(64, 32), (90, 64)]
+
+
+@requires_model
+@pytest.mark.model
+def test_a_long_prompt_read_in_calls_gives_what_one_prefill_gives_on_llama_cpp():
+    from promptlookup.backends.llama_cpp import LlamaCppBackend
+    from promptlookup.backends.models import bundled_model_path
+    from promptlookup.speculate import generate
+
+    backend = LlamaCppBackend(bundled_model_path(), n_ctx=512, n_batch=32)
+    try:
+        e = Engine.from_backend(backend, speculate="off", reuse_prefix=False)
+        text = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n" * 3
+        ids = backend.tokenize(text)
+        assert len(ids) > 3 * 32
+        c = e.generate(ids, max_tokens=16)
+        plain = generate(backend, ids, 16)  # one prefill call: the backend splits it at n_batch
+        assert c.tokens == plain.tokens and len(c.tokens) == 16
+    finally:
+        backend.close()
+
+
 @requires_model
 @pytest.mark.model
 def test_engine_on_the_bundled_model():

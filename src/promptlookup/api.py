@@ -28,7 +28,7 @@ import json
 import numbers
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,7 @@ from promptlookup.lenient import parse as lenient_parse
 from promptlookup.lenient import possible as lenient_possible
 from promptlookup.options import MAX_STOP_CHARS, MAX_STOPS, RequestOptions
 from promptlookup.sampling import Sampler, TokenLogprob
-from promptlookup.speculate import steps
+from promptlookup.speculate import Generation, steps
 from promptlookup.telemetry import Counters
 from promptlookup.textout import TextTracker
 from promptlookup.tools import (
@@ -487,8 +487,16 @@ class Engine:
         # a request that drafts nothing (``off``) has no draft to price: the pricing's arithmetic, run
         # every step, is then only cost
         limit = None if sched is None or source is None else decoder.draft_cap
-        loop = steps(decoder, ids, opts.max_tokens, self._drafter(source, opts, sampler), spec.draft, sampler,
-                     keep, draft_limit=limit)
+        drafter = self._drafter(source, opts, sampler)
+        cached, ahead_s = keep, 0.0
+        if sched is None:  # alone on the model: a long prompt is read where it can be left
+            keep, ahead_s, ended_by = _read_prompt_ahead(decoder, ids, keep, opts.cancelled, deadline)
+        if ended_by is None:
+            loop = steps(decoder, ids, opts.max_tokens, drafter, spec.draft, sampler, keep, draft_limit=limit)
+        else:  # cancelled or out of time while reading the prompt: no token
+            name = getattr(drafter, "name", "off")
+            none = Counters(source=name, draft_max=spec.draft, prompt_tokens=len(ids))
+            loop = _ended(Generation([], none, ended_by, seed=sampler.seed))
         try:
             new = next(loop)
             while True:
@@ -515,11 +523,13 @@ class Engine:
             slot.cache_valid = True
             raise
         slot.cache_valid = True
+        gen.counters.cached_tokens = cached  # what the pool reused, not what was read ahead
+        gen.counters.prefill_s += ahead_s
         if sched is not None:
             sched.close(slot.seq)  # the other requests' rounds stop waiting for this one now
         with self._lock:
             self.requests += 1
-            if source is not None:
+            if source is not None and gen.tokens:  # it ran (the loop's first token ends the prefill)
                 source.commit()  # this request joins the history (and lookup's dynamic cache)
                 save_state(spec, getattr(source, "inner", source))
         stopped_by = ended_by or gen.stopped_by
@@ -643,6 +653,36 @@ def _tool_calls_in(calls: Any, i: int) -> list[dict[str, Any]] | None:
             entry["id"] = call_id
         out.append(entry)
     return out
+
+
+def _read_prompt_ahead(decoder: Any, ids: Sequence[int], keep: int, cancelled: Callable[[], bool] | None,
+                       deadline: float | None) -> tuple[int, float, str | None]:
+    """A request alone on a model reads a long prompt ``n_batch`` tokens per call and looks, between
+    calls, whether it was cancelled or ran out of time: a 4,000-token prompt is ~50 s for
+    Qwen2.5-Coder-1.5B on 2 cores, and a client that left (or a server told to stop) should not wait
+    that out. These are the calls the backend makes for the whole prompt at once (it splits at
+    ``n_batch`` from the kept positions), so the cache, and every token after it, is the same. The
+    last call (at most ``n_batch`` tokens) is the loop's own prefill, which samples the first token.
+    Returns the positions now cached, the seconds it took, and why it stopped early (None: it did not).
+    A backend that does not split by ``n_batch`` (not a :class:`BatchDecoder`) is left to its prefill."""
+    n_batch = getattr(decoder, "n_batch", None)
+    if not isinstance(decoder, BatchDecoder) or not isinstance(n_batch, int) or n_batch < 1:
+        return keep, 0.0, None
+    t0 = time.perf_counter()
+    while len(ids) - keep > n_batch:
+        if cancelled is not None and cancelled():
+            return keep, time.perf_counter() - t0, "cancelled"
+        if deadline is not None and time.monotonic() > deadline:
+            return keep, time.perf_counter() - t0, "time"
+        decoder.prefill(ids[:keep + n_batch], None, keep)
+        keep += n_batch
+    return keep, time.perf_counter() - t0, None
+
+
+def _ended(gen: Generation) -> Generator[list[int], bool | None, Generation]:
+    """A loop that ended before its first token: its ``next`` raises StopIteration(``gen``)."""
+    return gen
+    yield []  # a generator, never reached
 
 
 def _last(chunks: Iterator[Chunk]) -> Completion:
