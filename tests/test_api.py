@@ -302,7 +302,7 @@ def test_a_long_prompt_read_in_calls_gives_what_one_prefill_gives_on_llama_cpp()
     backend = LlamaCppBackend(bundled_model_path(), n_ctx=512, n_batch=32)
     try:
         e = Engine.from_backend(backend, speculate="off", reuse_prefix=False)
-        text = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n" * 3
+        text = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n" * 5
         ids = backend.tokenize(text)
         assert len(ids) > 3 * 32
         c = e.generate(ids, max_tokens=16)
