@@ -521,18 +521,19 @@ def run_row(key: str, base_url: str | None, tasks: list[dict[str, Any]], args: a
 
 # -- report ----------------------------------------------------------------------------------------
 def mark_identical(sessions: list[Session]) -> None:
-    """Each session's ``identical``: all its replies equal the first row's session of that task."""
+    """Each session's ``identical``: all its replies equal the first row's session of that task (None
+    for the first row, and where either session failed: two refused sessions are not a match)."""
     first: dict[str, Session] = {}
     for s in sessions:
         ref = first.setdefault(s.task, s)
-        s.identical = None if ref is s else s.replies == ref.replies
+        s.identical = None if ref is s or s.failed or ref.failed else s.replies == ref.replies
 
 
 def table(sessions: list[Session]) -> str:
     from promptlookup.measure.bench import bootstrap_ci, geomean
 
     rows = list(dict.fromkeys(s.row for s in sessions))
-    base = {s.task: s.wall_s for s in sessions if s.row == rows[0]}
+    base = {s.task: s.wall_s for s in sessions if s.row == rows[0] and not s.failed}  # failed: no wall
     checked = [s.valid for s in sessions if s.valid is not None]
     head = ("| row | tasks | checker pass | identical to first row | session wall s (sum) | median | "
             f"wall vs {rows[0]} (geomean, 95% CI over tasks) | requests | completion tokens | calls | "
@@ -541,7 +542,7 @@ def table(sessions: list[Session]) -> str:
     for r in rows:
         mine = [s for s in sessions if s.row == r]
         ident = [s.identical for s in mine if s.identical is not None]
-        ratios = [base[s.task] / s.wall_s for s in mine if s.task in base and s.wall_s > 0]
+        ratios = [base[s.task] / s.wall_s for s in mine if s.task in base and not s.failed and s.wall_s > 0]
         vs = "-"
         if r != rows[0] and ratios:
             lo, hi = bootstrap_ci(ratios)

@@ -333,6 +333,22 @@ def test_report_marks_identical_sessions_and_pairs_walls():
         "| auto | 2 | 1/2 | 1/2 | 4.0 | 2.0 | 1.414x (1.000-2.000, n=2) | 4 | 20 | 2 | 5.00 | 12/16 |"]
 
 
+def test_report_leaves_failed_sessions_out_of_identity_and_walls():
+    import serve_real
+
+    def sess(task: str, row: str, wall: float, failed: str = "") -> serve_real.Session:
+        return serve_real.Session(task, row, wall_s=wall, requests=0 if failed else 2, completion_tokens=10,
+                                  calls=1, valid=False, replies=[] if failed else [["a", []]], failed=failed)
+
+    refused = "BadRequestError: no tools"
+    sessions = [sess("t1", "off", 4.0), sess("t2", "off", 0.01, refused),
+                sess("t1", "auto", 2.0), sess("t2", "auto", 0.02, refused)]
+    serve_real.mark_identical(sessions)
+    assert [s.identical for s in sessions] == [None, None, True, None]  # two refusals are no match
+    auto = serve_real.table(sessions).splitlines()[3]
+    assert "| 2.000x (2.000-2.000, n=1) |" in auto and "(1 sessions failed)" in auto
+
+
 def test_agents_corpus_holds_each_tasks_states_as_tools_print_them_and_the_simulators(tmp_path):
     import serve_real
 
