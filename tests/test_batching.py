@@ -194,6 +194,21 @@ def test_a_long_prompt_is_read_in_chunks_while_others_decode():
     assert any(any(w == "all" for _, _, w in r) for r in chunked)
 
 
+def test_a_request_cancelled_while_its_prompt_is_read_stops_between_chunks():
+    """PROMPTS[4] is 82 bytes, read 16 a round: a cancel seen after the first round ends the request
+    with no token and nothing more fed; the same prompt again keeps those 16 positions, reads the
+    rest in the same chunks and writes the tokens it writes alone."""
+    engine, model = batch_engine(2, "off", prefill_chunk=16)
+    prompt = PROMPTS[4]
+    asked = []
+    c = engine.generate(prompt, max_tokens=10, cancelled=lambda: len(asked.append(1) or asked) >= 2)
+    assert (c.tokens, c.stopped_by) == ([], "cancelled")
+    assert model.rounds == [[(0, 16, "none")]]
+    again = engine.generate(prompt, max_tokens=10)
+    assert again.cached_tokens == 16 and again.tokens == alone(prompt, "off", max_tokens=10)
+    assert [r[0][1:] for r in model.rounds[1:6]] == [(16, "none")] * 4 + [(2, "last")]
+
+
 def test_a_cancelled_request_frees_its_sequence_and_the_others_finish_exactly():
     engine, model = batch_engine(3, "ngram")
     stop = threading.Event()

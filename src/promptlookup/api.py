@@ -489,8 +489,7 @@ class Engine:
         limit = None if sched is None or source is None else decoder.draft_cap
         drafter = self._drafter(source, opts, sampler)
         cached, ahead_s = keep, 0.0
-        if sched is None:  # alone on the model: a long prompt is read where it can be left
-            keep, ahead_s, ended_by = _read_prompt_ahead(decoder, ids, keep, opts.cancelled, deadline)
+        keep, ahead_s, ended_by = _read_prompt_ahead(decoder, ids, keep, opts.cancelled, deadline)
         if ended_by is None:
             loop = steps(decoder, ids, opts.max_tokens, drafter, spec.draft, sampler, keep, draft_limit=limit)
         else:  # cancelled or out of time while reading the prompt: no token
@@ -657,25 +656,32 @@ def _tool_calls_in(calls: Any, i: int) -> list[dict[str, Any]] | None:
 
 def _read_prompt_ahead(decoder: Any, ids: Sequence[int], keep: int, cancelled: Callable[[], bool] | None,
                        deadline: float | None) -> tuple[int, float, str | None]:
-    """A request alone on a model reads a long prompt ``n_batch`` tokens per call and looks, between
-    calls, whether it was cancelled or ran out of time: a 4,000-token prompt is ~50 s for
+    """Read a long prompt in the pieces the decoder's own prefill would feed, and look between them
+    whether the request was cancelled or ran out of time: a 4,000-token prompt is ~50 s for
     Qwen2.5-Coder-1.5B on 2 cores, and a client that left (or a server told to stop) should not wait
-    that out. These are the calls the backend makes for the whole prompt at once (it splits at
-    ``n_batch`` from the kept positions), so the cache, and every token after it, is the same. The
-    last call (at most ``n_batch`` tokens) is the loop's own prefill, which samples the first token.
-    Returns the positions now cached, the seconds it took, and why it stopped early (None: it did not).
-    A backend that does not split by ``n_batch`` (not a :class:`BatchDecoder`) is left to its prefill."""
-    n_batch = getattr(decoder, "n_batch", None)
-    if not isinstance(decoder, BatchDecoder) or not isinstance(n_batch, int) or n_batch < 1:
+    that out. Alone on a llama.cpp model the pieces are ``n_batch`` tokens from the kept positions
+    (where the backend splits a whole prompt); in a batch, ``prefill_chunk`` tokens a round
+    (:meth:`SlotDecoder.read`, the rounds its prefill takes). Same calls, so the cache and every
+    token after it are the same. The last piece is the loop's own prefill, which samples the first
+    token. Returns the positions now cached, the seconds it took, and why it stopped early (None: it
+    did not). A backend that reads a prompt some other way (transformers) is left to its prefill."""
+    if isinstance(decoder, SlotDecoder):
+        step, read = decoder.scheduler.prefill_chunk, decoder.read
+    elif isinstance(decoder, BatchDecoder) and isinstance(getattr(decoder, "n_batch", None), int):
+        step = decoder.n_batch
+
+        def read(part: Sequence[int], kept: int) -> None:
+            decoder.prefill(part, None, kept)
+    else:
         return keep, 0.0, None
     t0 = time.perf_counter()
-    while len(ids) - keep > n_batch:
+    while len(ids) - keep > max(step, 1):
         if cancelled is not None and cancelled():
             return keep, time.perf_counter() - t0, "cancelled"
         if deadline is not None and time.monotonic() > deadline:
             return keep, time.perf_counter() - t0, "time"
-        decoder.prefill(ids[:keep + n_batch], None, keep)
-        keep += n_batch
+        read(ids[:keep + step], keep)
+        keep += step
     return keep, time.perf_counter() - t0, None
 
 

@@ -386,6 +386,14 @@ class SlotDecoder:
     def is_eog(self, token: int) -> bool:
         return self.backend.is_eog(token)
 
+    def read(self, ids: Sequence[int], keep: int) -> None:
+        """Feed prompt ``ids[keep:]`` (at most ``prefill_chunk`` tokens; the cache holds ``ids[:keep]``)
+        with no logits: one of :meth:`prefill`'s rounds, for a caller that looks between them (the
+        engine, for a cancel or a deadline)."""
+        check_keep(self.backend.seq_tokens(self.seq), ids, keep)
+        self.rollback(keep)
+        self.scheduler.decode(SeqDecode(self.seq, list(ids[keep:]), "none", None))
+
     def prefill(self, ids: Sequence[int], sampler: Sampler | None = None, keep: int = 0) -> int:
         check_keep(self.backend.seq_tokens(self.seq), ids, keep)
         self.rollback(keep)
