@@ -37,7 +37,7 @@ class RequestOptions:
     ``speculate`` is a draft source setting (``"auto"``, ``"ngram:draft=4"``, a
     :class:`~promptlookup.drafting.spec.SourceSpec`) or None for the engine's own; the engine checks
     it against its files. ``timeout`` (seconds) and ``cancelled`` (polled once per step, and between
-    the ``n_batch``-token calls that read a long prompt when the request is alone on the model) end a
+    the pieces that read a long prompt on a llama.cpp model) end a
     generation early with finish reason "length" (``stopped_by`` "time" / "cancelled")."""
 
     max_tokens: int = 256
