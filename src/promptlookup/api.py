@@ -488,7 +488,7 @@ class Engine:
         # every step, is then only cost
         limit = None if sched is None or source is None else decoder.draft_cap
         drafter = self._drafter(source, opts, sampler)
-        cached, ahead_s = keep, 0.0
+        cached = keep
         keep, ahead_s, ended_by = _read_prompt_ahead(decoder, ids, keep, opts.cancelled, deadline)
         if ended_by is None:
             loop = steps(decoder, ids, opts.max_tokens, drafter, spec.draft, sampler, keep, draft_limit=limit)
