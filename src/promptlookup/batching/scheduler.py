@@ -395,14 +395,13 @@ class SlotDecoder:
         self.scheduler.decode(SeqDecode(self.seq, list(ids[keep:]), "none", None))
 
     def prefill(self, ids: Sequence[int], sampler: Sampler | None = None, keep: int = 0) -> int:
+        chunk = self.scheduler.prefill_chunk
+        while len(ids) - keep > chunk:
+            self.read(ids[:keep + chunk], keep)
+            keep += chunk
         check_keep(self.backend.seq_tokens(self.seq), ids, keep)
         self.rollback(keep)
-        chunk = self.scheduler.prefill_chunk
-        rest = list(ids[keep:])
-        while len(rest) > chunk:
-            self.scheduler.decode(SeqDecode(self.seq, rest[:chunk], "none", sampler))
-            rest = rest[chunk:]
-        return self.scheduler.decode(SeqDecode(self.seq, rest, "last", sampler))[-1]
+        return self.scheduler.decode(SeqDecode(self.seq, list(ids[keep:]), "last", sampler))[-1]
 
     def verify(self, ids: Sequence[int], sampler: Sampler | None = None) -> list[int]:
         return self.scheduler.decode(SeqDecode(self.seq, list(ids), "all", sampler))
