@@ -390,18 +390,21 @@ class SlotDecoder:
         """Feed prompt ``ids[keep:]`` (at most ``prefill_chunk`` tokens; the cache holds ``ids[:keep]``)
         with no logits: one of :meth:`prefill`'s rounds, for a caller that looks between them (the
         engine, for a cancel or a deadline)."""
-        check_keep(self.backend.seq_tokens(self.seq), ids, keep)
-        self.rollback(keep)
-        self.scheduler.decode(SeqDecode(self.seq, list(ids[keep:]), "none", None))
+        self._feed(ids, keep, "none", None)
 
     def prefill(self, ids: Sequence[int], sampler: Sampler | None = None, keep: int = 0) -> int:
         chunk = self.scheduler.prefill_chunk
         while len(ids) - keep > chunk:
             self.read(ids[:keep + chunk], keep)
             keep += chunk
+        return self._feed(ids, keep, "last", sampler)[-1]
+
+    def _feed(self, ids: Sequence[int], keep: int, want: str, sampler: Sampler | None) -> list[int]:
+        """One round of prompt ``ids[keep:]`` on a cache that must hold ``ids[:keep]`` (anything after
+        it dropped first)."""
         check_keep(self.backend.seq_tokens(self.seq), ids, keep)
         self.rollback(keep)
-        return self.scheduler.decode(SeqDecode(self.seq, list(ids[keep:]), "last", sampler))[-1]
+        return self.scheduler.decode(SeqDecode(self.seq, list(ids[keep:]), want, sampler))
 
     def verify(self, ids: Sequence[int], sampler: Sampler | None = None) -> list[int]:
         return self.scheduler.decode(SeqDecode(self.seq, list(ids), "all", sampler))
