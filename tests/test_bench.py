@@ -105,6 +105,27 @@ def test_short_real_bench(real_backend):
     assert all(x <= oracles["loop"] + 1e-9 for x in replays.values())  # nothing beats hindsight
 
 
+@requires_model
+@pytest.mark.model
+def test_reused_prompt_prefills_once_and_changes_no_token(real_backend):
+    from promptlookup.measure.bench import run_bench
+
+    prompt = real_backend.tokenize("red green blue red green blue red green blue red green")
+    cells = [parse_cell("off"), parse_cell("ngram")]
+    fresh, _ = run_bench(real_backend, {"w": [prompt]}, cells, 2, 12)
+    reused, _ = run_bench(real_backend, {"w": [prompt]}, cells, 2, 12, reuse_prompt=True)
+    assert [r.counters.cached_tokens for r in fresh] == [0, 0, 0, 0]
+    # the fresh bench's last run left this prompt in the cache: every reused run decodes only its
+    # last token (whose logits choose the first new one)
+    assert [r.counters.cached_tokens for r in reused] == [len(prompt) - 1] * 4
+    assert all(r.identical for r in fresh + reused)
+    from promptlookup.speculate import generate
+
+    real_backend.rollback(0)
+    whole = generate(real_backend, prompt, 12).tokens  # every prompt position decoded
+    assert generate(real_backend, prompt, 12, keep=len(prompt) - 1).tokens == whole
+
+
 def test_split_requests():
     from promptlookup.measure.bench import split_requests
 

@@ -386,6 +386,9 @@ def _add_bench_command(sub) -> None:
                    help="rounds; off runs once per round, so at least 2 gives a noise band (default 2)")
     b.add_argument("-n", "--n-predict", type=_int_in(1, MAX_PREDICT, "--n-predict"), default=256)
     b.add_argument("--no-chat", action="store_true", help="feed the prompts raw, without the chat template")
+    b.add_argument("--reuse-prompt", action="store_true",
+                   help="keep the cached prompt between runs of the same item, so only its first run "
+                        "prefills it (long prompts; the reported rates exclude prefill either way)")
     b.add_argument("--csv", metavar="FILE",
                    help="write every run's counters as CSV, each row as soon as its run ends")
     b.add_argument("--md", metavar="FILE", help="write the markdown tables")
@@ -950,7 +953,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             runs, oracles = bench.run_bench(backend, workloads, cells, args.repeat, args.n_predict,
                                             progress=bench.stderr_progress,
                                             make_sampler=lambda: Sampler(params, seed), on_run=finished,
-                                            replays=replays)
+                                            replays=replays, reuse_prompt=args.reuse_prompt)
         except KeyboardInterrupt:
             if done:  # what was measured before the interrupt is still a table
                 print(bench.table(done) + "\n\n" + bench.summary(done) + "\n")

@@ -41,7 +41,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from promptlookup.backends.base import Model
+from promptlookup.backends.base import Model, common_prefix
 from promptlookup.backends.costs import cached_cost_curve
 from promptlookup.drafting.base import DraftSource, report_of
 from promptlookup.drafting.spec import OFF, SOURCES, Run, SourceSpec, SpecError, build_source
@@ -181,7 +181,8 @@ def run_bench(backend: Model, workloads: dict[str, list[list[int]]], cells: Sequ
               n_predict: int, progress: Callable[[str], None] | None = None,
               make_sampler: Callable[[], Any] | None = None,
               on_run: Callable[[CellRun], None] | None = None,
-              replays: dict[tuple[str, str], float] | None = None) -> tuple[list[CellRun], dict[str, float]]:
+              replays: dict[tuple[str, str], float] | None = None,
+              reuse_prompt: bool = False) -> tuple[list[CellRun], dict[str, float]]:
     """Run every (workload, cell) ``repeat`` times, alternating cells within each round; also return
     each workload's oracle speedup on its first plain output. ``on_run`` is called with each run as
     soon as it finishes (the CSV writes its row there). ``replays``, when given, is filled with each
@@ -194,6 +195,12 @@ def run_bench(backend: Model, workloads: dict[str, list[list[int]]], cells: Sequ
 
     A workload is a list of requests run in order on one source (committed between requests);
     the reported counters and tokens are the last request's.
+
+    ``reuse_prompt`` keeps what the cache already holds of each prompt (the previous run's, as a
+    server keeps a slot's prefix), so only the first run of an item pays its prefill: on long
+    prompts (a file to edit, a paper) that is most of a bench's wall time. The rates reported
+    exclude prefill either way; the outputs are the same on a batch-invariant build, where a token's
+    logits do not depend on how many tokens its forward held (the "identical" column checks it).
     """
     from promptlookup.speculate import generate
 
@@ -221,8 +228,9 @@ def run_bench(backend: Model, workloads: dict[str, list[list[int]]], cells: Sequ
                 outputs = []
                 t0 = time.perf_counter()
                 for i, prompt in enumerate(requests):
+                    keep = common_prefix(backend.tokens, prompt) if reuse_prompt else 0
                     gen = generate(backend, prompt, n_predict, source=source, draft=draft,
-                                   sampler=make_sampler() if make_sampler else None)
+                                   sampler=make_sampler() if make_sampler else None, keep=keep)
                     outputs.append(gen.tokens)
                     if i < len(requests) - 1 and source is not None:
                         source.commit()
