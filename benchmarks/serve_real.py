@@ -1,8 +1,9 @@
 """Real workloads against OpenAI-compatible servers (issue 41): agent sessions, code edits, summaries.
 
 ``--workload fast_apply`` or ``summaries``: each item's prompt is one chat request (temperature 0);
-per item the wall seconds, completion tokens, and for fast_apply whether the reply is exactly the
-expected file (the "checker" column). ``--workload tool_turns``: each BFCL task's first user turn, with
+per item the wall seconds, completion tokens, and for fast_apply whether the reply's code block is
+exactly the new file (the "checker" column, with the median share of lines that match:
+:func:`check_edit`). ``--workload tool_turns``: each BFCL task's first user turn, with
 its tools, asked twice: ``tool_choice: "auto"`` (the reply is ``call``: it came back as ``tool_calls``;
 ``missed``: text holding a JSON object that names a declared tool, a call the server did not return as
 one; or ``text``) and ``"required"`` (every reply must be calls to declared tools whose arguments
@@ -53,18 +54,23 @@ Run (build the workloads first: ``python benchmarks/workloads/real/build.py --on
         [--jsonl FILE] [--md FILE]
 
 The rows run one after another (a row's server holds the model while its tasks run); --url runs
-one row against a server started elsewhere.
+one row against a server started elsewhere. A speculating peer's row is also paired with its own
+plain row (``ls-spec against ls``, a line under the table). ``--table-from FILE`` runs nothing and
+remakes the table from the ``--jsonl`` records of an earlier run (for example after merging the
+records of items run again).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import difflib
 import importlib
 import inspect
 import json
 import keyword
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -181,6 +187,7 @@ class Session:
     force_quit: bool = False
     failed: str = ""  # a request the server refused or did not answer (the session stopped there)
     valid: bool | None = None
+    similarity: float | None = None  # fast_apply: the reply's code block against the new file, by lines
     error_type: str = ""
     identical: bool | None = None
     replies: list[Any] = field(default_factory=list)  # per request: (text, [(name, arguments)])
@@ -291,8 +298,27 @@ def run_prompt(client: Any, model: str, item: dict[str, Any], row: str, max_toke
     text = resp.choices[0].message.content or ""
     s.replies.append([text, []])
     if item.get("workload") == "fast_apply":
-        s.valid = text.strip() == item["expected"].strip()
+        s.valid, s.similarity = check_edit(text, item["expected"])
     return s
+
+
+FENCED = re.compile(r"```[^\n`]*\n(.*?)^```", re.S | re.M)
+
+
+def code_block(reply: str) -> str:
+    """The file in a fast_apply reply: the first fenced code block's body (the prompt asks for
+    the whole file in one ```python block), or the reply itself when it holds no fence."""
+    m = FENCED.search(reply)
+    return m.group(1) if m else reply
+
+
+def check_edit(reply: str, expected: str) -> tuple[bool, float]:
+    """(the reply's file is exactly the new file, the share of lines it matches; the expected answer
+    is the file in the same fence the prompt asks for): the ratio of
+    :class:`difflib.SequenceMatcher` over the two files' lines, 1.0 for the same file. A model that
+    drops or rewrites a few lines fails the first and still scores near 1 on the second."""
+    got, want = code_block(reply).strip().splitlines(), code_block(expected).strip().splitlines()
+    return got == want, difflib.SequenceMatcher(None, got, want, autojunk=False).ratio()
 
 
 def check(task: dict[str, Any], s: Session) -> tuple[bool, str]:
@@ -553,6 +579,9 @@ def table(sessions: list[Session]) -> str:
         acc = (f"{sum(s.accepted or 0 for s in drafted)}/{sum(s.drafted or 0 for s in drafted)}"
                if drafted else "-")
         passed = f"{sum(bool(s.valid) for s in mine)}/{len(mine)}" if checked else "-"
+        similar = [s.similarity for s in mine if s.similarity is not None]
+        if similar:
+            passed += f" (lines {statistics.median(similar):.3f})"
         failed = sum(bool(s.failed) for s in mine)
         requests = f"{sum(s.requests for s in mine)}" + (f" ({failed} sessions failed)" if failed else "")
         out.append(f"| {r} | {len(mine)} | {passed} | "
@@ -560,7 +589,29 @@ def table(sessions: list[Session]) -> str:
                    f"{statistics.median(s.wall_s for s in mine):.1f} | {vs} | "
                    f"{requests} | "
                    f"{tokens} | {sum(s.calls for s in mine)} | {tokens / wall if wall else 0:.2f} | {acc} |")
+    for r in rows:  # a speculating peer against its own plain row, as ours are against ours-off
+        plain = r.removesuffix("-spec")
+        if r.endswith("-spec") and plain in rows and plain != rows[0]:
+            out.append("\n" + paired_line(sessions, r, plain))
     return "\n".join(out)
+
+
+def paired_line(sessions: list[Session], row: str, base: str) -> str:
+    """``row`` against ``base``: the geometric mean over tasks of base's wall over row's, with its
+    bootstrap interval, and the share of tasks whose replies are the same in both."""
+    from promptlookup.measure.bench import bootstrap_ci, geomean
+
+    walls = {s.task: s for s in sessions if s.row == base and not s.failed and s.wall_s > 0}
+    pairs = [(walls[s.task], s) for s in sessions
+             if s.row == row and s.task in walls and not s.failed and s.wall_s > 0]
+    if not pairs:
+        return f"{row} against {base}: no task ran on both"
+    ratios = [b.wall_s / s.wall_s for b, s in pairs]
+    lo, hi = bootstrap_ci(ratios)
+    same = sum(b.replies == s.replies for b, s in pairs)
+    return (f"{row} against {base}: {geomean(ratios):.3f}x ({lo:.3f}-{hi:.3f}, n={len(ratios)}), "
+            f"the geometric mean over tasks of {base}'s wall over {row}'s; replies the same in "
+            f"{same}/{len(pairs)}")
 
 
 def tool_turns(keys: list[str], tasks: list[dict[str, Any]], args: argparse.Namespace) -> int:
@@ -616,10 +667,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--request-timeout", type=float, default=900)
     ap.add_argument("--jsonl", type=Path, help="write every session's record (rewritten after each)")
     ap.add_argument("--md", type=Path, help="write the table")
+    ap.add_argument("--table-from", type=Path, metavar="JSONL",
+                    help="run nothing: remake the table from the --jsonl records of an earlier run "
+                         "(fast_apply replies are checked again against the items)")
     args = ap.parse_args(argv)
     args.max_tokens = args.max_tokens or WORKLOADS[args.workload]
     keys = [args.label] if args.url else [k.strip() for k in args.rows.split(",") if k.strip()]
-    if not args.url:
+    if not args.url and not args.table_from:
         bad = [k for k in keys if k not in ROW_KEYS]
         if bad or not keys:
             ap.error(f"--rows: unknown row {bad[0] if bad else '(none)'!r} (known: {', '.join(ROW_KEYS)})")
@@ -644,6 +698,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         items = items[:args.tasks]
     from promptlookup.fileio import atomic_write_text
 
+    if args.table_from:
+        try:
+            sessions = sessions_from(args.table_from, items)
+        except (OSError, WorkloadError) as exc:
+            print(f"serve_real: error: {exc}", file=sys.stderr)
+            return 2
+        return report(sessions, args)
     if args.workload == "tool_turns":
         return tool_turns(keys, items, args)
     sessions: list[Session] = []
@@ -663,6 +724,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         prepare_corpus(keys, items, args, Path(logdir))
         for key in keys:
             run_row(key, args.url, items, args, Path(logdir), emit)
+    return report(sessions, args)
+
+
+def report(sessions: list[Session], args: argparse.Namespace) -> int:
+    """Mark the sessions identical or not to the first row's, write the records and the table."""
+    from promptlookup.fileio import atomic_write_text
+
     mark_identical(sessions)
     if args.jsonl:
         atomic_write_text(args.jsonl, "".join(json.dumps(asdict(x)) + "\n" for x in sessions))
@@ -671,6 +739,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.md:
         atomic_write_text(args.md, md + "\n")
     return 0
+
+
+def sessions_from(path: Path, items: list[dict[str, Any]]) -> list[Session]:
+    """The sessions of a ``--jsonl`` file, each fast_apply reply checked again against its item."""
+    by_id = {t["id"]: t for t in items}
+    out = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            if not isinstance(rec, dict):
+                raise TypeError(f"a JSON {type(rec).__name__}, not an object")
+            s = Session(**rec)
+        except (json.JSONDecodeError, TypeError) as exc:
+            raise WorkloadError(f"{path}:{n}: not a session record of serve_real ({exc})") from None
+        item = by_id.get(s.task)
+        if item is not None and item.get("workload") == "fast_apply" and s.replies and not s.failed:
+            s.valid, s.similarity = check_edit(s.replies[0][0], item["expected"])
+        out.append(s)
+    if not out:
+        raise WorkloadError(f"{path}: no session records")
+    return out
 
 
 if __name__ == "__main__":

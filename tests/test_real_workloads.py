@@ -10,6 +10,7 @@ OpenAI client: BFCL's own checker must then accept the session, and reject an em
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib.util
 import inspect
 import io
@@ -347,6 +348,59 @@ def test_report_leaves_failed_sessions_out_of_identity_and_walls():
     assert [s.identical for s in sessions] == [None, None, True, None]  # two refusals are no match
     auto = serve_real.table(sessions).splitlines()[3]
     assert "| 2.000x (2.000-2.000, n=1) |" in auto and "(1 sessions failed)" in auto
+
+
+def test_fast_apply_checker_compares_the_fenced_files_line_by_line():
+    import serve_real
+
+    want = "```python\na = 1\nb = 2\nc = 3\n```\n"  # the items' answers carry the fence the prompt asks for
+    assert serve_real.code_block(want) == "a = 1\nb = 2\nc = 3\n"
+    assert serve_real.code_block("no fence at all") == "no fence at all"
+    # a ``` inside a line does not close the block; the first block wins
+    assert serve_real.code_block("Here:\n```py\nx = '```'\n```\n```\nlater\n```") == "x = '```'\n"
+    assert serve_real.check_edit("Sure.\n```python\na = 1\nb = 2\nc = 3\n```", want) == (True, 1.0)
+    assert serve_real.check_edit("a = 1\nb = 2\nc = 3", want) == (True, 1.0)  # unfenced: the reply itself
+    # one line of three rewritten: 2 matching lines of 3 + 3: ratio 2 * 2 / 6
+    assert serve_real.check_edit("```python\na = 1\nb = 20\nc = 3\n```", want) == (False, 4 / 6)
+    assert serve_real.check_edit("", want) == (False, 0.0)
+
+
+def test_speculating_peer_is_paired_with_its_plain_row_and_tables_remake_from_records(tmp_path, capsys):
+    import serve_real
+
+    def sess(task: str, row: str, wall: float, reply: str) -> serve_real.Session:
+        return serve_real.Session(task, row, wall_s=wall, requests=1, completion_tokens=10,
+                                  replies=[[reply, []]])
+
+    sessions = [sess("t1", "ours-off", 8.0, "```\nx\n```"), sess("t2", "ours-off", 8.0, "y"),
+                sess("t1", "ls", 4.0, "```\nx\n```"), sess("t2", "ls", 6.0, "y"),
+                sess("t1", "ls-spec", 2.0, "```\nx\n```"), sess("t2", "ls-spec", 6.0, "z")]
+    out = serve_real.table(sessions).splitlines()
+    # ls over ls-spec per task: 2.0 and 1.0; the bootstrap over two tasks lands on 1.0, 1.414 or 2.0
+    assert out[-1] == ("ls-spec against ls: 1.414x (1.000-2.000, n=2), the geometric mean over tasks of "
+                       "ls's wall over ls-spec's; replies the same in 1/2")
+    assert len(out) == 2 + 3 + 2  # head, rule, three rows, a blank line, the pairing
+
+    records = tmp_path / "fa.jsonl"
+    records.write_text("".join(json.dumps(dataclasses.asdict(s)) + "\n" for s in sessions), encoding="utf-8")
+    items = tmp_path / "items.jsonl"
+    items.write_text("".join(json.dumps({"id": t, "workload": "fast_apply", "prompt": "p",
+                                         "expected": "```python\nx\n```\n"}) + "\n" for t in ("t1", "t2")),
+                     encoding="utf-8")
+    md = tmp_path / "fa.md"
+    assert serve_real.main(["--workload", "fast_apply", "--items", str(items), "--table-from", str(records),
+                            "--md", str(md)]) == 0
+    rows = md.read_text(encoding="utf-8").splitlines()
+    # t1's replies are the file, t2's are another one-line file: half pass, median similarity 0.5
+    assert [r.split(" | ")[2] for r in rows[2:5]] == ["1/2 (lines 0.500)"] * 3
+    assert [r.split(" | ")[3] for r in rows[2:5]] == ["-", "2/2", "1/2"]
+    capsys.readouterr()
+
+    records.write_text(records.read_text(encoding="utf-8") + "[1, 2]\n", encoding="utf-8")
+    again = ["--workload", "fast_apply", "--items", str(items), "--table-from", str(records)]
+    assert serve_real.main(again) == 2
+    assert capsys.readouterr().err == (f"serve_real: error: {records}:7: not a session record of serve_real "
+                                       "(a JSON list, not an object)\n")
 
 
 def test_agents_corpus_holds_each_tasks_states_as_tools_print_them_and_the_simulators(tmp_path):
