@@ -753,11 +753,12 @@ def sessions_from(path: Path, items: list[dict[str, Any]]) -> list[Session]:
             if not isinstance(rec, dict):
                 raise TypeError(f"a JSON {type(rec).__name__}, not an object")
             s = Session(**rec)
-        except (json.JSONDecodeError, TypeError) as exc:
-            raise WorkloadError(f"{path}:{n}: not a session record of serve_real ({exc})") from None
-        item = by_id.get(s.task)
-        if item is not None and item.get("workload") == "fast_apply" and s.replies and not s.failed:
-            s.valid, s.similarity = check_edit(s.replies[0][0], item["expected"])
+            item = by_id.get(s.task)
+            if item is not None and item.get("workload") == "fast_apply" and s.replies and not s.failed:
+                s.valid, s.similarity = check_edit(s.replies[0][0], item["expected"])
+        except (json.JSONDecodeError, TypeError, KeyError, IndexError, AttributeError) as exc:
+            raise WorkloadError(f"{path}:{n}: not a session record of serve_real "
+                                f"({type(exc).__name__}: {exc})") from None
         out.append(s)
     if not out:
         raise WorkloadError(f"{path}: no session records")

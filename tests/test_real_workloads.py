@@ -400,7 +400,11 @@ def test_speculating_peer_is_paired_with_its_plain_row_and_tables_remake_from_re
     again = ["--workload", "fast_apply", "--items", str(items), "--table-from", str(records)]
     assert serve_real.main(again) == 2
     assert capsys.readouterr().err == (f"serve_real: error: {records}:7: not a session record of serve_real "
-                                       "(a JSON list, not an object)\n")
+                                       "(TypeError: a JSON list, not an object)\n")
+    records.write_text(json.dumps({"task": "t1", "row": "ls", "replies": [7]}) + "\n", encoding="utf-8")
+    assert serve_real.main(again) == 2  # a reply that is not [text, calls]
+    assert capsys.readouterr().err == (f"serve_real: error: {records}:1: not a session record of serve_real "
+                                       "(TypeError: 'int' object is not subscriptable)\n")
 
 
 def test_agents_corpus_holds_each_tasks_states_as_tools_print_them_and_the_simulators(tmp_path):
