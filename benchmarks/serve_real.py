@@ -556,10 +556,7 @@ def mark_identical(sessions: list[Session]) -> None:
 
 
 def table(sessions: list[Session]) -> str:
-    from promptlookup.measure.bench import bootstrap_ci, geomean
-
     rows = list(dict.fromkeys(s.row for s in sessions))
-    base = {s.task: s.wall_s for s in sessions if s.row == rows[0] and not s.failed}  # failed: no wall
     checked = [s.valid for s in sessions if s.valid is not None]
     head = ("| row | tasks | checker pass | identical to first row | session wall s (sum) | median | "
             f"wall vs {rows[0]} (geomean, 95% CI over tasks) | requests | completion tokens | calls | "
@@ -568,11 +565,8 @@ def table(sessions: list[Session]) -> str:
     for r in rows:
         mine = [s for s in sessions if s.row == r]
         ident = [s.identical for s in mine if s.identical is not None]
-        ratios = [base[s.task] / s.wall_s for s in mine if s.task in base and not s.failed and s.wall_s > 0]
-        vs = "-"
-        if r != rows[0] and ratios:
-            lo, hi = bootstrap_ci(ratios)
-            vs = f"{geomean(ratios):.3f}x ({lo:.3f}-{hi:.3f}, n={len(ratios)})"
+        pairs = paired(sessions, r, rows[0])
+        vs = ratio_text(pairs) if r != rows[0] and pairs else "-"
         wall = sum(s.wall_s for s in mine)
         tokens = sum(s.completion_tokens for s in mine)
         drafted = [s for s in mine if s.drafted is not None]
@@ -596,22 +590,32 @@ def table(sessions: list[Session]) -> str:
     return "\n".join(out)
 
 
-def paired_line(sessions: list[Session], row: str, base: str) -> str:
-    """``row`` against ``base``: the geometric mean over tasks of base's wall over row's, with its
-    bootstrap interval, and the share of tasks whose replies are the same in both."""
+def paired(sessions: list[Session], row: str, base: str) -> list[tuple[Session, Session]]:
+    """(base's session, row's session) of every task that both ran to the end (a failed session
+    has no wall)."""
+    walls = {s.task: s for s in sessions if s.row == base and not s.failed and s.wall_s > 0}
+    return [(walls[s.task], s) for s in sessions
+            if s.row == row and s.task in walls and not s.failed and s.wall_s > 0]
+
+
+def ratio_text(pairs: list[tuple[Session, Session]]) -> str:
+    """The geometric mean over tasks of the base's wall over the row's, with its bootstrap interval."""
     from promptlookup.measure.bench import bootstrap_ci, geomean
 
-    walls = {s.task: s for s in sessions if s.row == base and not s.failed and s.wall_s > 0}
-    pairs = [(walls[s.task], s) for s in sessions
-             if s.row == row and s.task in walls and not s.failed and s.wall_s > 0]
-    if not pairs:
-        return f"{row} against {base}: no task ran on both"
     ratios = [b.wall_s / s.wall_s for b, s in pairs]
     lo, hi = bootstrap_ci(ratios)
+    return f"{geomean(ratios):.3f}x ({lo:.3f}-{hi:.3f}, n={len(ratios)})"
+
+
+def paired_line(sessions: list[Session], row: str, base: str) -> str:
+    """``row`` against ``base``: :func:`ratio_text` and the share of tasks whose replies are the
+    same in both."""
+    pairs = paired(sessions, row, base)
+    if not pairs:
+        return f"{row} against {base}: no task ran on both"
     same = sum(b.replies == s.replies for b, s in pairs)
-    return (f"{row} against {base}: {geomean(ratios):.3f}x ({lo:.3f}-{hi:.3f}, n={len(ratios)}), "
-            f"the geometric mean over tasks of {base}'s wall over {row}'s; replies the same in "
-            f"{same}/{len(pairs)}")
+    return (f"{row} against {base}: {ratio_text(pairs)}, the geometric mean over tasks of {base}'s "
+            f"wall over {row}'s; replies the same in {same}/{len(pairs)}")
 
 
 def tool_turns(keys: list[str], tasks: list[dict[str, Any]], args: argparse.Namespace) -> int:
