@@ -238,10 +238,19 @@ UPSTREAM_X86_REPACK = (
     "                acc_min_rows = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc_min_b), "
     "_mm256_mul_ps(col_dmin_f32, row_scale_f32), acc_min_rows);\n"
     "\n"
-    "            }\n")
+    "            }\n"
+    "void ggml_gemv_iq4_nl_8x8_q8_0(int n, float * s);\n")
+#: the repack's type choice, its matmul's quantization of the token rows and its choice of gemm or gemv
 UPSTREAM_REPACK = ("static const ggml::cpu::tensor_traits * ggml_repack_get_optimal_repack_type("
                    "const struct ggml_tensor * cur) {\n"
-                   "    // instance for Q1_0\n")
+                   "    // instance for Q1_0\n"
+                   "template <typename BLOC_TYPE, int64_t INTER_SIZE, int64_t NB_COLS, ggml_type PARAM_TYPE> "
+                   "class tensor_traits : public tensor_traits_base {\n"
+                   "            for (int64_t i11 = ith * 4; i11 < ne11 - ne11 % 4; i11 += nth * 4) {\n"
+                   "            const int64_t i11_processed = ne11 - ne11 % 4;\n"
+                   "        // If there are more than three rows in src1, use gemm; otherwise, use gemv.\n")
+UPSTREAM_REPACK_H = ("void ggml_gemv_q4_K_8x8_q8_K(int n, float * GGML_RESTRICT s, size_t bs, const void * "
+                     "GGML_RESTRICT vx, const void * GGML_RESTRICT vy, int nr, int nc);\n")
 UPSTREAM_MUL_MAT = ("    float tmp[32];\n\n"
                     "    for (int64_t iir1 = ir1_start; iir1 < ir1_end; iir1 += blck_1) {\n"
                     "        loop();\n")
@@ -253,7 +262,7 @@ def _tree(root: Path, ops: str = UPSTREAM_OPS, features: str = UPSTREAM_FEATURES
     texts = {"ops.cpp": ops, "ggml-cpu.cpp": features, "quants.c": UPSTREAM_X86_QUANTS,
              "quants.h": UPSTREAM_QUANTS_H, "vec.h": UPSTREAM_VEC_H, "vec.cpp": UPSTREAM_VEC_CPP,
              "ggml-cpu.c": UPSTREAM_MUL_MAT, "x86/repack.cpp": UPSTREAM_X86_REPACK,
-             "ggml-cpu/repack.cpp": UPSTREAM_REPACK}
+             "ggml-cpu/repack.cpp": UPSTREAM_REPACK, "repack.h": UPSTREAM_REPACK_H}
     for patch in lr.SOURCE_PATCHES:
         (root / patch.path).parent.mkdir(parents=True, exist_ok=True)
         [text] = [t for tail, t in texts.items() if patch.path.endswith("/" + tail)]
@@ -267,6 +276,8 @@ def test_only_the_invariant_build_is_patched_and_the_patch_is_in_its_key(tmp_pat
     assert inv.patches == lr.SOURCE_PATCHES and fast.patches == ()
     assert [Path(p.path).name for p in inv.patches] == ["ops.cpp", "ggml-cpu.cpp", "quants.c", "quants.h",
                                                          "vec.h", "vec.cpp", "ggml-cpu.c", "ggml-cpu.cpp",
+                                                         "repack.cpp", "repack.cpp", "ggml-cpu.cpp",
+                                                         "repack.h", "repack.cpp", "repack.cpp", "repack.cpp",
                                                          "repack.cpp", "repack.cpp", "ggml-cpu.cpp"]
     # the same flags without the patches would be another wheel
     assert inv.key != lr.wheelhouse_key(lr.LLAMA_CPP_PYTHON_VERSION, inv.args, "gcc 12.2")
@@ -289,6 +300,10 @@ def test_the_patches_force_one_flash_attention_path_and_say_so(tmp_path):
                         "#endif\n"
                         '        features.push_back({ "REPACK_ONE_ORDER", "1" });  // promptlookup: see '
                         "repack.cpp\n"
+                        "#if defined(__AVX2__) && (defined(__x86_64__) || defined(_M_X64))  // promptlookup: "
+                        "see repack.cpp\n"
+                        '        features.push_back({ "REPACK_GEMV_ROWS", "1" });\n'
+                        "#endif\n"
                         "        features.push_back({ nullptr, nullptr });\n")
     # what llama.cpp prints for those features is what the backend looks for
     from promptlookup.backends.llama_cpp import FLASH_ATTENTION_ONE_PATH, MUL_MAT_COLS
@@ -302,6 +317,8 @@ def test_the_patches_make_the_q4_k_gemv_round_as_the_gemm_and_repack_nothing_els
     root = _tree(tmp_path)
     lr.apply_patches(root, lr.SOURCE_PATCHES)
     gemv = (root / lr.SOURCE_PATCHES[8].path).read_text(encoding="utf-8")
+    # what follows the patched gemv is the one-pass gemv (the next test)
+    gemv = gemv[: gemv.index("#if defined(__AVX2__)\n// promptlookup: the repacked Q4_K gemv")]
     # one multiply-add per 64 weights inside the loop, none after it
     assert gemv == (
         "                    // promptlookup: one multiply-add per 64 weights, as the gemm does (same "
@@ -315,6 +332,7 @@ def test_the_patches_make_the_q4_k_gemv_round_as_the_gemm_and_repack_nothing_els
         "\n"
         "            }\n")
     choice = (root / lr.SOURCE_PATCHES[9].path).read_text(encoding="utf-8")
+    choice = choice[: choice.index("// promptlookup: which matmuls")]  # the gemv_rows patches follow
     assert choice == ("static const ggml::cpu::tensor_traits * ggml_repack_get_optimal_repack_type("
                       "const struct ggml_tensor * cur) {\n"
                       "#if defined(__AVX2__) && (defined(__x86_64__) || defined(_M_X64))\n"
@@ -326,6 +344,64 @@ def test_the_patches_make_the_q4_k_gemv_round_as_the_gemm_and_repack_nothing_els
                       "    return nullptr;  // promptlookup: no repack made invariant for this CPU\n"
                       "#endif\n"
                       "    // instance for Q1_0\n")
+
+
+def test_the_patches_send_up_to_16_token_rows_of_a_repacked_q4_k_matmul_through_one_gemv_pass(tmp_path):
+    root = _tree(tmp_path)
+    lr.apply_patches(root, lr.SOURCE_PATCHES)
+    kernel = (lr.PATCH_DIR / "q4_K_gemv_rows.cpp").read_text(encoding="utf-8")
+    x86 = (root / lr.SOURCE_PATCHES[8].path).read_text(encoding="utf-8")
+    assert x86.endswith("            }\n" + kernel + "\nvoid ggml_gemv_iq4_nl_8x8_q8_0(int n, float * s);\n")
+    assert kernel.startswith("#if defined(__AVX2__)\n") and kernel.endswith("#endif\n")
+    assert kernel.count("void ggml_gemv_q4_K_8x8_q8_K_rows(int n, float * GGML_RESTRICT s, size_t bs, ") == 1
+    header = (root / "vendor/llama.cpp/ggml/src/ggml-cpu/repack.h").read_text(encoding="utf-8")
+    assert header == UPSTREAM_REPACK_H + (
+        "// promptlookup: the gemv above for nr <= 16 rows in one pass over the weights "
+        "(arch/x86/repack.cpp)\n"
+        "void ggml_gemv_q4_K_8x8_q8_K_rows(int n, float * GGML_RESTRICT s, size_t bs, const void * "
+        "GGML_RESTRICT vx, "
+        "const void * GGML_RESTRICT vy, int nr, int nc);\n")
+    repack = (root / lr.SOURCE_PATCHES[9].path).read_text(encoding="utf-8")
+    rest = repack[repack.index("// promptlookup: which matmuls"):]
+    assert rest == (
+        "// promptlookup: which matmuls take ggml_gemv_q4_K_8x8_q8_K_rows (repacked Q4_K, x86 with AVX2, "
+        "2 to\n"
+        "// 16 token rows; one row keeps upstream's gemv, the same arithmetic); decided from the row\n"
+        "// count alone, so the quantization and the kernel agree\n"
+        "template <typename T> struct promptlookup_is_q4_K { static constexpr bool value = false; };\n"
+        "template <> struct promptlookup_is_q4_K<block_q4_K> { static constexpr bool value = true; };\n"
+        "template <typename BLOC_TYPE, int64_t INTER_SIZE, int64_t NB_COLS, ggml_type PARAM_TYPE>\n"
+        "static bool promptlookup_gemv_rows(int64_t nrows) {\n"
+        "#if defined(__AVX2__) && (defined(__x86_64__) || defined(_M_X64))\n"
+        "    return promptlookup_is_q4_K<BLOC_TYPE>::value && INTER_SIZE == 8 && NB_COLS == 8 && "
+        "PARAM_TYPE == GGML_TYPE_Q8_K && nrows >= 2 && nrows <= 16;\n"
+        "#else\n"
+        "    GGML_UNUSED(nrows);\n"
+        "    return false;\n"
+        "#endif\n"
+        "}\n\n"
+        "template <typename BLOC_TYPE, int64_t INTER_SIZE, int64_t NB_COLS, ggml_type PARAM_TYPE> "
+        "class tensor_traits : public tensor_traits_base {\n"
+        # the rows of a one-pass gemv are quantized as a decode's row is, none in 4-row groups
+        "            // promptlookup: the rows of a one-pass gemv (promptlookup_gemv_rows) are quantized "
+        "one by one\n"
+        "            const int64_t pl_grouped =\n"
+        "                promptlookup_gemv_rows<BLOC_TYPE, INTER_SIZE, NB_COLS, PARAM_TYPE>(ne11) ? 0 : "
+        "ne11 - ne11 % 4;\n"
+        "            for (int64_t i11 = ith * 4; i11 < pl_grouped; i11 += nth * 4) {\n"
+        "            const int64_t i11_processed = pl_grouped;  // promptlookup\n"
+        # ... and go to the one-pass gemv before upstream's gemm and per-row gemv
+        "#if defined(__AVX2__) && (defined(__x86_64__) || defined(_M_X64))\n"
+        "        if (promptlookup_gemv_rows<BLOC_TYPE, INTER_SIZE, NB_COLS, PARAM_TYPE>(nrows)) {  // "
+        "promptlookup\n"
+        "            ggml_gemv_q4_K_8x8_q8_K_rows(ne00, (float *) (dst_ptr) + src0_start, nb1 / nb0,\n"
+        "                                         src0_ptr + src0_start * nb01, src1_ptr, (int) nrows, "
+        "(int) ncols);\n"
+        "            return;\n"
+        "        }\n"
+        "#endif\n"
+        "        // If there are more than three rows in src1, use gemm; otherwise, use gemv.\n")
+    assert lr.GEMV_ROWS_MAX == 16
 
 
 def test_the_patches_put_the_column_matmul_into_ggml_and_call_it_before_the_pair_loop(tmp_path):

@@ -8,7 +8,8 @@ off), from what the CPU reports, minus those known to be broken upstream (:data:
 
 By default it also leaves out the matmul kernels whose result for a row depends on the batch width
 (:data:`INVARIANT_ARGS`: llamafile's tinyBLAS; the CPU repack is kept for Q4_K only, patched to round
-one way, ``REPACK_ONE_ORDER = 1``), so a position's logits are
+one way, ``REPACK_ONE_ORDER = 1``, with a one-pass gemv of ours for 2-16 token rows,
+``REPACK_GEMV_ROWS = 1``), so a position's logits are
 bit-identical whether it is decoded alone or in a verify batch and speculative output equals plain
 decoding (docs/exactness.md: measured ~10% slower prefill, 0-10% dearer verify steps, same decode).
 The invariant build also patches one line of ggml's CPU flash attention (:data:`SOURCE_PATCHES`):
@@ -165,6 +166,63 @@ _REPACK_ONLY_Q4_K_ON_X86 = (
 )
 _REPACK_CHOICE = ("static const ggml::cpu::tensor_traits * ggml_repack_get_optimal_repack_type("
                   "const struct ggml_tensor * cur) {\n")
+#: The fourth patch: a repacked Q4_K matmul of 2 to :data:`GEMV_ROWS_MAX` token rows (a verify, a
+#: batched round) takes ``ggml_gemv_q4_K_8x8_q8_K_rows`` (ggml_patches/q4_K_gemv_rows.cpp): one pass
+#: over the weights for all its rows, each row's float steps those of the patched gemv, where upstream
+#: runs the 4-row gemm and then the gemv once per row left over (a verify of 3 read every weight 3
+#: times). Its rows are quantized one by one (``quantize_row_q8_K``, as a decode's row is). Measured
+#: on Qwen2.5-Coder-1.5B (docs/exactness.md): a 9-token verify 143 ms against 184, bit-identical.
+GEMV_ROWS_MAX = 16
+_GEMV_DECL = ("void ggml_gemv_q4_K_8x8_q8_K(int n, float * GGML_RESTRICT s, size_t bs, "
+              "const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, int nr, int nc);\n")
+_GEMV_ROWS_DECL = ("// promptlookup: the gemv above for nr <= 16 rows in one pass over the weights "
+                   "(arch/x86/repack.cpp)\n"
+                   "void ggml_gemv_q4_K_8x8_q8_K_rows(int n, float * GGML_RESTRICT s, size_t bs, "
+                   "const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, int nr, int nc);\n")
+_IQ4_NL_GEMV = "void ggml_gemv_iq4_nl_8x8_q8_0(int n,"
+_TRAITS_CLASS = ("template <typename BLOC_TYPE, int64_t INTER_SIZE, int64_t NB_COLS, ggml_type PARAM_TYPE> "
+                 "class tensor_traits : public tensor_traits_base {\n")
+_GEMV_ROWS_CHOICE = (
+    "// promptlookup: which matmuls take ggml_gemv_q4_K_8x8_q8_K_rows (repacked Q4_K, x86 with AVX2, 2 to\n"
+    f"// {GEMV_ROWS_MAX} token rows; one row keeps upstream's gemv, the same arithmetic); decided from "
+    f"the row\n"
+    "// count alone, so the quantization and the kernel agree\n"
+    "template <typename T> struct promptlookup_is_q4_K { static constexpr bool value = false; };\n"
+    "template <> struct promptlookup_is_q4_K<block_q4_K> { static constexpr bool value = true; };\n"
+    "template <typename BLOC_TYPE, int64_t INTER_SIZE, int64_t NB_COLS, ggml_type PARAM_TYPE>\n"
+    "static bool promptlookup_gemv_rows(int64_t nrows) {\n"
+    "#if defined(__AVX2__) && (defined(__x86_64__) || defined(_M_X64))\n"
+    "    return promptlookup_is_q4_K<BLOC_TYPE>::value && INTER_SIZE == 8 && NB_COLS == 8 && "
+    f"PARAM_TYPE == GGML_TYPE_Q8_K && nrows >= 2 && nrows <= {GEMV_ROWS_MAX};\n"
+    "#else\n"
+    "    GGML_UNUSED(nrows);\n"
+    "    return false;\n"
+    "#endif\n"
+    "}\n\n"
+)
+_QUANT_GROUPS = "            for (int64_t i11 = ith * 4; i11 < ne11 - ne11 % 4; i11 += nth * 4) {\n"
+_QUANT_GROUPS_ROWS = (
+    "            // promptlookup: the rows of a one-pass gemv (promptlookup_gemv_rows) are quantized one "
+    "by one\n"
+    "            const int64_t pl_grouped =\n"
+    "                promptlookup_gemv_rows<BLOC_TYPE, INTER_SIZE, NB_COLS, PARAM_TYPE>(ne11) ? 0 : ne11 "
+    "- ne11 % 4;\n"
+    "            for (int64_t i11 = ith * 4; i11 < pl_grouped; i11 += nth * 4) {\n"
+)
+_QUANT_REST = "            const int64_t i11_processed = ne11 - ne11 % 4;\n"
+_QUANT_REST_ROWS = "            const int64_t i11_processed = pl_grouped;  // promptlookup\n"
+_GEMM_OR_GEMV = "        // If there are more than three rows in src1, use gemm; otherwise, use gemv.\n"
+_GEMV_ROWS_CALL = (
+    "#if defined(__AVX2__) && (defined(__x86_64__) || defined(_M_X64))\n"
+    "        if (promptlookup_gemv_rows<BLOC_TYPE, INTER_SIZE, NB_COLS, PARAM_TYPE>(nrows)) {  // "
+    "promptlookup\n"
+    "            ggml_gemv_q4_K_8x8_q8_K_rows(ne00, (float *) (dst_ptr) + src0_start, nb1 / nb0,\n"
+    "                                         src0_ptr + src0_start * nb01, src1_ptr, (int) nrows, (int) "
+    "ncols);\n"
+    "            return;\n"
+    "        }\n"
+    "#endif\n"
+)
 
 
 def _patch_text(name: str) -> str:
@@ -238,6 +296,25 @@ SOURCE_PATCHES = (
         _FEATURES_END,
         '        features.push_back({ "REPACK_ONE_ORDER", "1" });  // promptlookup: see repack.cpp\n'
         + _FEATURES_END,
+    ),
+    SourcePatch("vendor/llama.cpp/ggml/src/ggml-cpu/repack.h", _GEMV_DECL, _GEMV_DECL + _GEMV_ROWS_DECL),
+    SourcePatch(
+        "vendor/llama.cpp/ggml/src/ggml-cpu/arch/x86/repack.cpp",
+        _IQ4_NL_GEMV,
+        _patch_text("q4_K_gemv_rows.cpp") + "\n" + _IQ4_NL_GEMV,
+    ),
+    SourcePatch("vendor/llama.cpp/ggml/src/ggml-cpu/repack.cpp", _TRAITS_CLASS,
+                _GEMV_ROWS_CHOICE + _TRAITS_CLASS),
+    SourcePatch("vendor/llama.cpp/ggml/src/ggml-cpu/repack.cpp", _QUANT_GROUPS, _QUANT_GROUPS_ROWS),
+    SourcePatch("vendor/llama.cpp/ggml/src/ggml-cpu/repack.cpp", _QUANT_REST, _QUANT_REST_ROWS),
+    SourcePatch("vendor/llama.cpp/ggml/src/ggml-cpu/repack.cpp", _GEMM_OR_GEMV,
+                _GEMV_ROWS_CALL + _GEMM_OR_GEMV),
+    SourcePatch(
+        "vendor/llama.cpp/ggml/src/ggml-cpu/ggml-cpu.cpp",
+        _FEATURES_END,
+        "#if defined(__AVX2__) && (defined(__x86_64__) || defined(_M_X64))  // promptlookup: see repack.cpp\n"
+        '        features.push_back({ "REPACK_GEMV_ROWS", "1" });\n'
+        "#endif\n" + _FEATURES_END,
     ),
 )
 
