@@ -223,7 +223,9 @@ def _f16(rng: np.random.Generator, shape: tuple[int, ...], scale: float) -> np.n
     return (rng.standard_normal(shape) * scale).astype(np.float16)
 
 
-@pytest.mark.parametrize("n", [64, 128, 200, 1000, 4099])  # head sizes, and rows of every cached length
+# head sizes, and rows of every cached length: 4099 is the longest whose columns the kernel keeps loaded
+# for all the rows (4096 values + leftovers), 5000 is past it (the columns are loaded per row)
+@pytest.mark.parametrize("n", [64, 128, 200, 1000, 4099, 5000])
 @pytest.mark.parametrize("nc", [1, 2, 3, 4, 5, 9, 16])
 def test_f16_rows_are_upstreams_bit_for_bit(n, nc):
     """The attention's matmuls: K (or V) rows of any length, leftovers past the SIMD step included,
