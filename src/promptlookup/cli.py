@@ -393,6 +393,8 @@ def _add_bench_command(sub) -> None:
                    help="write every run's counters as CSV, each row as soon as its run ends")
     b.add_argument("--md", metavar="FILE", help="write the markdown tables")
     b.add_argument("--png", metavar="FILE", help="write a chart of effective tok/s per cell")
+    b.add_argument("--llama-server", metavar="PATH",
+                   help="llama.cpp's llama-server program, for peer-ls cells (started fresh for each run)")
     _add_sampling_args(b)
     b.set_defaults(func=cmd_bench)
 
@@ -910,6 +912,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     sampler = _request_options(args).sampler()  # one seed for every run of the bench
     if not sampler.argmax_only and any(c.name in bench.PEERS for c in cells):
         raise UsageError("peer cells decode greedily: drop them or --temp/penalties")
+    if any(c.name == "peer-ls" for c in cells):
+        if not args.llama_server:
+            raise UsageError("peer-ls cells start llama.cpp's server: give --llama-server PATH")
+        if not Path(args.llama_server).is_file():
+            raise UsageError(f"--llama-server: no such program: {args.llama_server}")
     files: list[Path] = []
     for w in args.workload:
         p = Path(w)
@@ -953,7 +960,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             runs, oracles = bench.run_bench(backend, workloads, cells, args.repeat, args.n_predict,
                                             progress=bench.stderr_progress,
                                             make_sampler=lambda: Sampler(params, seed), on_run=finished,
-                                            replays=replays, reuse_prompt=args.reuse_prompt)
+                                            replays=replays, reuse_prompt=args.reuse_prompt,
+                                            llama_server=args.llama_server)
         except KeyboardInterrupt:
             if done:  # what was measured before the interrupt is still a table
                 print(bench.table(done) + "\n\n" + bench.summary(done) + "\n")

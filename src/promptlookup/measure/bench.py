@@ -8,8 +8,10 @@ speculated cell also says whether its output is token-identical to the first pla
 A cell is a draft source spec (``off``, ``ngram:draft=1:min=5``, ``lookup:static=FILE``, ``suffix``,
 ``auto:curve=FILE``...; each source declares its settings, see :mod:`promptlookup.drafting.spec`).
 Peers (:mod:`promptlookup.measure.peers`) run the engines' own prompt lookup on the same ids:
-``peer-llamacpp`` (``pred``: llama-cpp-python's num_pred_tokens, 0 = its plain loop) and ``peer-hf``
-(``pld``: transformers' prompt_lookup_num_tokens, 0 = plain generate). A peer is compared with our
+``peer-llamacpp`` (``pred``: llama-cpp-python's num_pred_tokens, 0 = its plain loop), ``peer-hf``
+(``pld``: transformers' prompt_lookup_num_tokens, 0 = plain generate) and ``peer-ls`` (``spec``:
+llama.cpp's ``llama-server`` on the same file, 0 plain, 1 with its ``--spec-default`` speculation;
+:mod:`promptlookup.measure.llama_server_peer`). A peer is compared with our
 plain run when it is the bench backend's engine, else with its own 0 setting (``-`` until that ran).
 
 A speed claim is a **paired ratio**: each round's cell against that round's ``off`` (the two ran
@@ -48,9 +50,10 @@ from promptlookup.drafting.spec import OFF, SOURCES, Run, SourceSpec, SpecError,
 from promptlookup.telemetry import Counters
 
 # peer cell -> its settings (draft sources' settings are declared by the sources, see drafting/spec.py)
-PEER_KEYS = {"peer-llamacpp": {"pred"}, "peer-hf": {"pld"}}
+PEER_KEYS = {"peer-llamacpp": {"pred"}, "peer-hf": {"pld"}, "peer-ls": {"spec"}}
 # peer cell -> (peers.run_cell name, its setting key, the engine whose plain greedy it should equal)
-PEERS = {"peer-llamacpp": ("llamacpp", "pred", "llama.cpp"), "peer-hf": ("hf", "pld", "transformers")}
+PEERS = {"peer-llamacpp": ("llamacpp", "pred", "llama.cpp"), "peer-hf": ("hf", "pld", "transformers"),
+         "peer-ls": ("llama-server", "spec", "llama-server")}
 
 
 class CellError(SpecError):
@@ -63,7 +66,7 @@ class Cell(SourceSpec):
 
 
 # peer settings and their bounds, checked when a cell is parsed (a source's are declared by the source)
-PEER_RANGES = {"pred": (0, 64), "pld": (0, 64)}
+PEER_RANGES = {"pred": (0, 64), "pld": (0, 64), "spec": (0, 1)}
 
 
 def parse_cell(spec: str) -> Cell:
@@ -182,7 +185,8 @@ def run_bench(backend: Model, workloads: dict[str, list[list[int]]], cells: Sequ
               make_sampler: Callable[[], Any] | None = None,
               on_run: Callable[[CellRun], None] | None = None,
               replays: dict[tuple[str, str], float] | None = None,
-              reuse_prompt: bool = False) -> tuple[list[CellRun], dict[str, float]]:
+              reuse_prompt: bool = False,
+              llama_server: str | Path | None = None) -> tuple[list[CellRun], dict[str, float]]:
     """Run every (workload, cell) ``repeat`` times, alternating cells within each round; also return
     each workload's oracle speedup on its first plain output. ``on_run`` is called with each run as
     soon as it finishes (the CSV writes its row there). ``replays``, when given, is filled with each
@@ -201,6 +205,8 @@ def run_bench(backend: Model, workloads: dict[str, list[list[int]]], cells: Sequ
     prompts (a file to edit, a paper) that is most of a bench's wall time. The rates reported
     exclude prefill either way; the outputs are the same on a batch-invariant build, where a token's
     logits do not depend on how many tokens its forward held (the "identical" column checks it).
+
+    ``llama_server`` is the program the ``peer-ls`` cells start.
     """
     from promptlookup.speculate import generate
 
@@ -219,8 +225,9 @@ def run_bench(backend: Model, workloads: dict[str, list[list[int]]], cells: Sequ
                 if progress:
                     progress(f"[{done}/{total}] {wname} {cell.label} (round {r + 1})")
                 if cell.name in PEERS:
-                    runs.append(_peer_run(cell, backend, wname, requests[-1], n_predict, r + 1,
-                                          reference[-1] if reference else None, peer_refs, engines))
+                    runs.append(_peer_run(cell, backend, wname, requests, n_predict, r + 1,
+                                          reference[-1] if reference else None, peer_refs, engines,
+                                          llama_server))
                     if on_run:
                         on_run(runs[-1])
                     continue
@@ -256,14 +263,15 @@ def run_bench(backend: Model, workloads: dict[str, list[list[int]]], cells: Sequ
     return runs, oracles
 
 
-def _peer_run(cell: Cell, backend: Model, wname: str, prompt: list[int], n_predict: int, round_: int,
+def _peer_run(cell: Cell, backend: Model, wname: str, requests: list[list[int]], n_predict: int, round_: int,
               reference: list[int] | None, peer_refs: dict[str, list[int]],
-              engines: dict[str, Any]) -> CellRun:
+              engines: dict[str, Any], llama_server: str | Path | None) -> CellRun:
     from promptlookup.measure import peers
 
     peer, key, engine = PEERS[cell.name]
     setting = cell.int_option(key, 3)
-    tokens, counters, wall = peers.run_cell(peer, setting, backend, prompt, n_predict, engines)
+    tokens, counters, wall = peers.run_cell(peer, setting, backend, requests[-1], n_predict, engines,
+                                            earlier=requests[:-1], llama_server=llama_server)
     if engine == getattr(backend, "name", ""):
         ref = reference
     else:

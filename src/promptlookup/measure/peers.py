@@ -35,6 +35,8 @@ class PeerRun:
     prefill_s: float
     wall_s: float
     decodes: int  # forward calls after the prompt's
+    drafted: int = 0  # draft tokens the peer verified and accepted, where it reports them
+    accepted: int = 0
 
     @property
     def decode_s(self) -> float:
@@ -45,9 +47,10 @@ class PeerRun:
         return len(self.tokens) / self.decode_s if self.decode_s > 0 else 0.0
 
     def counters(self, prompt_tokens: int) -> Counters:
-        """The run in our counters (acceptance and coverage are unknown to us, so left at zero)."""
+        """The run in our counters (drafts where the peer reports them; coverage is unknown to us)."""
         return Counters(source=self.name, prompt_tokens=prompt_tokens, generated_tokens=len(self.tokens),
-                        decodes=self.decodes, prefill_s=self.prefill_s, decode_s=self.decode_s)
+                        decodes=self.decodes, drafted_tokens=self.drafted, accepted_tokens=self.accepted,
+                        prefill_s=self.prefill_s, decode_s=self.decode_s)
 
 
 class LlamaCppPeer:
@@ -159,17 +162,34 @@ def hf_prompt_lookup(model: Any, prompt: Sequence[int], max_tokens: int, num_tok
 
 
 def run_cell(peer: str, setting: int, backend: Model, prompt: Sequence[int], max_tokens: int,
-             engines: dict[str, Any]) -> tuple[list[int], Counters, float]:
-    """One bench cell: ``peer`` is ``llamacpp`` or ``hf``; engines are loaded once and kept in ``engines``.
+             engines: dict[str, Any], earlier: Sequence[Sequence[int]] = (),
+             llama_server: str | os.PathLike[str] | None = None) -> tuple[list[int], Counters, float]:
+    """One bench cell: ``peer`` is ``llamacpp``, ``hf`` or ``llama-server``; engines are loaded once
+    and kept in ``engines``.
 
     Returns the tokens, our counters for them, and the wall time. Peers reuse the bench backend's
-    model when it is the same engine, and otherwise load the same model file themselves.
+    model when it is the same engine, and otherwise load the same model file themselves. ``earlier``
+    requests of the workload go first where the peer keeps state between requests (llama-server,
+    started fresh for each run from the ``llama_server`` program; ``setting`` 1 is its speculation).
     """
     probe = ResourceProbe()
+    if peer == "llama-server":
+        from promptlookup.measure.llama_server_peer import LlamaServerPeer
+
+        if llama_server is None:
+            raise InputError("a peer-ls cell needs llama.cpp's server program: give --llama-server PATH")
+        t0 = time.perf_counter()
+        answer = LlamaServerPeer(llama_server, _gguf_of(backend, "peer-ls"), backend.n_ctx, backend.n_threads,
+                                 speculate=setting > 0).run([*earlier, prompt], max_tokens)
+        run = PeerRun(f"llama-server{' --spec-default' if setting else ''}", answer.tokens, answer.prefill_s,
+                      answer.prefill_s + answer.decode_s, answer.decodes, answer.drafted, answer.accepted)
+        c = run.counters(len(prompt))
+        probe.finish(c)  # our process's faults and memory: the server's are its own
+        return run.tokens, c, time.perf_counter() - t0
     if peer == "llamacpp":
         eng = engines.get("llamacpp")
         if eng is None:
-            eng = engines["llamacpp"] = LlamaCppPeer(_gguf_of(backend), n_ctx=backend.n_ctx,
+            eng = engines["llamacpp"] = LlamaCppPeer(_gguf_of(backend, "peer-llamacpp"), n_ctx=backend.n_ctx,
                                                      n_threads=backend.n_threads)
         run = eng.run(prompt, max_tokens, setting)
     elif peer == "hf":
@@ -188,8 +208,8 @@ def run_cell(peer: str, setting: int, backend: Model, prompt: Sequence[int], max
     return run.tokens, c, run.wall_s
 
 
-def _gguf_of(backend: Model) -> Path:
+def _gguf_of(backend: Model, cell: str) -> Path:
     path = Path(backend.model_path)
     if path.is_dir():
-        raise InputError(f"peer-llamacpp needs a GGUF file, and the bench model is a directory: {path}")
+        raise InputError(f"{cell} needs a GGUF file, and the bench model is a directory: {path}")
     return path
