@@ -118,6 +118,14 @@ REPACK_ONE_ORDER_MARK = "REPACK_ONE_ORDER = 1"
 #: the C sources the patches insert: package data, so an installed promptlookup can build too
 PATCH_DIR = Path(__file__).resolve().parent / "ggml_patches"
 _FEATURES_END = "        features.push_back({ nullptr, nullptr });\n"
+# A verify's few token rows: chunks of 64 weight rows, as for one token, not 16. Upstream's 16-row chunks at
+# 2-16 tokens made the Q6_K output matrix (151,936 rows) 9,496 chunks, each claimed through one shared
+# counter, and a 2-token verify's Q6_K time twice a decode's. A chunk is rows for one thread; no result
+# depends on it.
+_SMALL_CHUNKS = ("    if (nr0 == 1 || nr1 == 1) {\n        chunk_size = 64;\n    }\n\n"
+                 "    // distribute the work")
+_SMALL_CHUNKS_VERIFY = ("    if (nr0 == 1 || nr1 <= 16) {  // promptlookup: a verify's few rows too\n"
+                        "        chunk_size = 64;\n    }\n\n    // distribute the work")
 _CHUNK_LOOP = "    float tmp[32];\n\n    for (int64_t iir1 = ir1_start; iir1 < ir1_end; iir1 += blck_1) {\n"
 _Q8_0_DECL = ("void ggml_vec_dot_q8_0_q8_0(int n, float * GGML_RESTRICT s, size_t bs, const void * "
               "GGML_RESTRICT vx, size_t bx, const void * GGML_RESTRICT vy, size_t by, int nrc);\n")
@@ -272,6 +280,11 @@ SOURCE_PATCHES = (
         _CHUNK_LOOP,
         "    float tmp[32];\n\n" + _patch_text("mul_mat_cols_call.c") + "\n"
         "    for (int64_t iir1 = ir1_start; iir1 < ir1_end; iir1 += blck_1) {\n",
+    ),
+    SourcePatch(
+        "vendor/llama.cpp/ggml/src/ggml-cpu/ggml-cpu.c",
+        _SMALL_CHUNKS,
+        _SMALL_CHUNKS_VERIFY,
     ),
     SourcePatch(
         "vendor/llama.cpp/ggml/src/ggml-cpu/ggml-cpu.cpp",

@@ -15,9 +15,10 @@
 
 #if defined(PL_F16_COLS)
 // One row against M columns, M a constant so that the M x GGML_F16_DOT_ARR sums stay in registers (a
-// loop over a variable count kept them in memory: twice the time at a head's 128 values). KEPT: the columns' vectors were
-// loaded already, yv[c][k] is the k-th vector of column c (k = i / GGML_F16_DOT_EPR), the value the
-// load macro gives for it; otherwise they are loaded here.
+// loop over a variable count kept them in memory: twice the time at a head's 128 values). KEPT: the
+// columns' vectors were loaded already, yv[c*nv + k] is the k-th vector of column c (k = i /
+// GGML_F16_DOT_EPR, nv vectors a column), the value the load macro gives for it; otherwise they are
+// loaded here.
 template <int M, bool KEPT>
 static inline void pl_f16_cols_row(int n, int np, const ggml_fp16_t * GGML_RESTRICT xr,
         const ggml_fp16_t * const * GGML_RESTRICT y, const GGML_F16_DOT_VEC * GGML_RESTRICT yv,
