@@ -93,13 +93,19 @@ def _llama_server_program():
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     try:
+        from importlib.metadata import version
+
         import llama_tools
 
+        package = f"llama_cpp_python-{version('llama_cpp_python')}"
+        unpacked = llama_tools.ROOT / package / "vendor" / "llama.cpp"
+        if not unpacked.is_dir():  # never downloaded: nothing built (and bin_dir would download it)
+            return None
         for kernels in ("fast", "invariant"):
             path = llama_tools.bin_dir("host", kernels) / "llama-server"
             if path.is_file():
                 return path
-    except Exception:  # no llama-cpp-python source package cached: nothing built
+    except ImportError:  # llama-cpp-python not installed (PackageNotFoundError is an ImportError)
         return None
     finally:
         sys.path.pop(0)
