@@ -19,7 +19,9 @@ one per-row path (the reference path upstream keeps for testing), and the build 
 info (``FA_ONE_PATH = 1``), which is how the backend knows it may turn flash attention on. It also adds
 a matmul of ours for Q4_1, Q5_0, Q8_0, Q4_K and Q6_K weights and for attention's F16 rows on x86
 (``ggml_patches/``, package data: a weight row against up to 16 tokens at once, every result
-bit-identical to upstream's one-pair kernel; ``MUL_MAT_COLS = 1``).
+bit-identical to upstream's one-pair kernel; ``MUL_MAT_COLS = 1``), and hands a verify's 2-16 token
+rows the 64-row chunks of weights that one token gets (upstream: 16; a chunk only says which thread
+computes a row, so no result depends on it).
 ``--kernels fast`` (or ``PROMPTLOOKUP_LLAMA_KERNELS=fast``) keeps llama.cpp's defaults.
 
 The wheel is kept in a wheelhouse keyed by everything that decides its bytes (package version, the
