@@ -35,7 +35,7 @@ class PeerRun:
     prefill_s: float
     wall_s: float
     decodes: int  # forward calls after the prompt's
-    drafted: int = 0  # draft tokens the peer verified and accepted, where it reports them
+    drafted: int = 0  # draft tokens the peer verified and, of them, accepted (where it reports them)
     accepted: int = 0
 
     @property
