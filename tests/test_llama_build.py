@@ -254,6 +254,11 @@ UPSTREAM_REPACK_H = ("void ggml_gemv_q4_K_8x8_q8_K(int n, float * GGML_RESTRICT 
 UPSTREAM_MUL_MAT = ("    float tmp[32];\n\n"
                     "    for (int64_t iir1 = ir1_start; iir1 < ir1_end; iir1 += blck_1) {\n"
                     "        loop();\n")
+# ggml_compute_forward_mul_mat's chunk size, then mul_mat_id's (indented deeper: not to be touched)
+UPSTREAM_CHUNKS = ("    if (nr0 == 1 || nr1 == 1) {\n        chunk_size = 64;\n    }\n\n"
+                   "    // distribute the work across the inner or outer loop\n")
+UPSTREAM_ID_CHUNKS = ("        if (nr0 == 1 || nr1 == 1) {\n            chunk_size = 64;\n        }\n\n"
+                      "        // disable for NUMA\n")
 
 
 def _tree(root: Path, ops: str = UPSTREAM_OPS, features: str = UPSTREAM_FEATURES) -> Path:
@@ -261,7 +266,8 @@ def _tree(root: Path, ops: str = UPSTREAM_OPS, features: str = UPSTREAM_FEATURES
     # keyed by the end of each patched path (two files are named repack.cpp)
     texts = {"ops.cpp": ops, "ggml-cpu.cpp": features, "quants.c": UPSTREAM_X86_QUANTS,
              "quants.h": UPSTREAM_QUANTS_H, "vec.h": UPSTREAM_VEC_H, "vec.cpp": UPSTREAM_VEC_CPP,
-             "ggml-cpu.c": UPSTREAM_MUL_MAT, "x86/repack.cpp": UPSTREAM_X86_REPACK,
+             "ggml-cpu.c": UPSTREAM_MUL_MAT + UPSTREAM_CHUNKS + UPSTREAM_ID_CHUNKS,
+             "x86/repack.cpp": UPSTREAM_X86_REPACK,
              "ggml-cpu/repack.cpp": UPSTREAM_REPACK, "repack.h": UPSTREAM_REPACK_H}
     for patch in lr.SOURCE_PATCHES:
         (root / patch.path).parent.mkdir(parents=True, exist_ok=True)
@@ -275,7 +281,8 @@ def test_only_the_invariant_build_is_patched_and_the_patch_is_in_its_key(tmp_pat
     fast = lr.plan("host", tmp_path, SAPPHIRE, "gcc 12.2", "x86_64", "fast")
     assert inv.patches == lr.SOURCE_PATCHES and fast.patches == ()
     assert [Path(p.path).name for p in inv.patches] == ["ops.cpp", "ggml-cpu.cpp", "quants.c", "quants.h",
-                                                         "vec.h", "vec.cpp", "ggml-cpu.c", "ggml-cpu.cpp",
+                                                         "vec.h", "vec.cpp", "ggml-cpu.c", "ggml-cpu.c",
+                                                         "ggml-cpu.cpp",
                                                          "repack.cpp", "repack.cpp", "ggml-cpu.cpp",
                                                          "repack.h", "repack.cpp", "repack.cpp", "repack.cpp",
                                                          "repack.cpp", "repack.cpp", "ggml-cpu.cpp"]
@@ -316,7 +323,7 @@ def test_the_patches_force_one_flash_attention_path_and_say_so(tmp_path):
 def test_the_patches_make_the_q4_k_gemv_round_as_the_gemm_and_repack_nothing_else(tmp_path):
     root = _tree(tmp_path)
     lr.apply_patches(root, lr.SOURCE_PATCHES)
-    gemv = (root / lr.SOURCE_PATCHES[8].path).read_text(encoding="utf-8")
+    gemv = (root / lr.SOURCE_PATCHES[9].path).read_text(encoding="utf-8")
     # what follows the patched gemv is the one-pass gemv (the next test)
     gemv = gemv[: gemv.index("#if defined(__AVX2__)\n// promptlookup: the repacked Q4_K gemv")]
     # one multiply-add per 64 weights inside the loop, none after it
@@ -331,7 +338,7 @@ def test_the_patches_make_the_q4_k_gemv_round_as_the_gemm_and_repack_nothing_els
         "                }\n"
         "\n"
         "            }\n")
-    choice = (root / lr.SOURCE_PATCHES[9].path).read_text(encoding="utf-8")
+    choice = (root / lr.SOURCE_PATCHES[10].path).read_text(encoding="utf-8")
     choice = choice[: choice.index("// promptlookup: which matmuls")]  # the gemv_rows patches follow
     assert choice == ("static const ggml::cpu::tensor_traits * ggml_repack_get_optimal_repack_type("
                       "const struct ggml_tensor * cur) {\n"
@@ -350,7 +357,7 @@ def test_the_patches_send_up_to_16_token_rows_of_a_repacked_q4_k_matmul_through_
     root = _tree(tmp_path)
     lr.apply_patches(root, lr.SOURCE_PATCHES)
     kernel = (lr.PATCH_DIR / "q4_K_gemv_rows.cpp").read_text(encoding="utf-8")
-    x86 = (root / lr.SOURCE_PATCHES[8].path).read_text(encoding="utf-8")
+    x86 = (root / lr.SOURCE_PATCHES[9].path).read_text(encoding="utf-8")
     assert x86.endswith("            }\n" + kernel + "\nvoid ggml_gemv_iq4_nl_8x8_q8_0(int n, float * s);\n")
     assert kernel.startswith("#if defined(__AVX2__)\n") and kernel.endswith("#endif\n")
     assert kernel.count("void ggml_gemv_q4_K_8x8_q8_K_rows(int n, float * GGML_RESTRICT s, size_t bs, ") == 1
@@ -361,7 +368,7 @@ def test_the_patches_send_up_to_16_token_rows_of_a_repacked_q4_k_matmul_through_
         "void ggml_gemv_q4_K_8x8_q8_K_rows(int n, float * GGML_RESTRICT s, size_t bs, const void * "
         "GGML_RESTRICT vx, "
         "const void * GGML_RESTRICT vy, int nr, int nc);\n")
-    repack = (root / lr.SOURCE_PATCHES[9].path).read_text(encoding="utf-8")
+    repack = (root / lr.SOURCE_PATCHES[10].path).read_text(encoding="utf-8")
     rest = repack[repack.index("// promptlookup: which matmuls"):]
     assert rest == (
         "// promptlookup: which matmuls take ggml_gemv_q4_K_8x8_q8_K_rows (repacked Q4_K, x86 with AVX2, "
@@ -417,10 +424,21 @@ def test_the_patches_put_the_column_matmul_into_ggml_and_call_it_before_the_pair
     mul_mat = (root / lr.SOURCE_PATCHES[6].path).read_text(encoding="utf-8")
     call = (lr.PATCH_DIR / "mul_mat_cols_call.c").read_text(encoding="utf-8")
     # the call comes first, and upstream's loop stays whole behind it for every other matrix
-    assert mul_mat == "    float tmp[32];\n\n" + call + "\n" + UPSTREAM_MUL_MAT.split("\n\n", 1)[1]
+    rest = UPSTREAM_MUL_MAT.split("\n\n", 1)[1]
+    assert mul_mat.startswith("    float tmp[32];\n\n" + call + "\n" + rest)
     assert "ggml_mul_mat_cols(type, (int) ne00, mats[c0], nb01, ir0_start, ir0_end, cols + c0, " in call
     # the kernel and its call are guarded alike: compiled only where AVX2 is
     assert kernel.count("#if defined(__AVX2__)") == 2 and call.startswith("#if defined(__AVX2__)")
+
+
+def test_the_patches_give_a_verifys_rows_the_chunks_of_one_token_and_leave_mul_mat_id(tmp_path):
+    root = _tree(tmp_path)
+    lr.apply_patches(root, lr.SOURCE_PATCHES)
+    text = (root / lr.SOURCE_PATCHES[7].path).read_text(encoding="utf-8")
+    assert text.endswith("    if (nr0 == 1 || nr1 <= 16) {  // promptlookup: a verify's few rows too\n"
+                         "        chunk_size = 64;\n    }\n\n"
+                         "    // distribute the work across the inner or outer loop\n" + UPSTREAM_ID_CHUNKS)
+    assert text.count("nr1 == 1") == 1  # mul_mat_id's own line, untouched
 
 
 @pytest.mark.parametrize("ops, found", [("    int other;\n", 0), (UPSTREAM_OPS + UPSTREAM_OPS, 2)])
