@@ -216,6 +216,10 @@ def test_bench_cli_asks_for_the_llama_server_program(capsys):
     code = main(["bench", "--cells", "off,peer-ls:spec=1", "-w", "benchmarks/workloads/prose.txt"])
     assert code == 2
     assert "peer-ls cells start llama.cpp's server: give --llama-server PATH" in capsys.readouterr().err
+    code = main(["bench", "--cells", "off,peer-ls:spec=1", "-w", "benchmarks/workloads/prose.txt",
+                 "--llama-server", "README.md"])  # a file, not a program: refused before the model loads
+    assert code == 2
+    assert "no llama-server program at README.md; build llama.cpp's" in capsys.readouterr().err
 
 
 LLAMA_SERVER = _llama_server_program()

@@ -915,8 +915,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if any(c.name == "peer-ls" for c in cells):
         if not args.llama_server:
             raise UsageError("peer-ls cells start llama.cpp's server: give --llama-server PATH")
-        if not Path(args.llama_server).is_file():
-            raise UsageError(f"--llama-server: no such program: {args.llama_server}")
+        from promptlookup.measure.llama_server_peer import check_program
+
+        check_program(args.llama_server)  # before the model loads
     files: list[Path] = []
     for w in args.workload:
         p = Path(w)

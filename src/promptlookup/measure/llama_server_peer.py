@@ -92,6 +92,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def check_program(binary: str | os.PathLike[str]) -> Path:
+    """``binary`` as a path if this user can run it; else the error that says how to build one."""
+    path = Path(binary)
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise InputError(f"no llama-server program at {path}; build llama.cpp's (once, ~20 min "
+                         f"on 2 cores): {BUILD_HINT}")
+    return path
+
+
 class LlamaServerPeer:
     """Starts ``binary`` on ``model_path`` for each run (``speculate`` adds ``--spec-default``)."""
 
@@ -99,10 +108,7 @@ class LlamaServerPeer:
                  n_threads: int, speculate: bool, start_timeout_s: float = START_TIMEOUT_S,
                  sleep: Callable[[float], None] = time.sleep,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.binary = Path(binary)
-        if not self.binary.is_file() or not os.access(self.binary, os.X_OK):
-            raise InputError(f"no llama-server program at {self.binary}; build llama.cpp's (once, ~20 min "
-                             f"on 2 cores): {BUILD_HINT}")
+        self.binary = check_program(binary)
         self.model_path = Path(model_path)
         self.n_ctx, self.n_threads, self.speculate = n_ctx, n_threads, speculate
         self.start_timeout_s = start_timeout_s
