@@ -48,6 +48,35 @@ def test_acceptance_model_shrinks_toward_pool_and_prior():
     assert m.p("other", 3, 0) == pytest.approx(0.5)  # sources learn separately
 
 
+def test_a_longer_match_starts_from_what_the_shorter_ones_realized():
+    m = AcceptanceModel()  # the bucket priors: 0.3, 0.5, 0.6, 0.7, ...
+    m.observe("ngram", 3, n_drafted=8, n_accepted=8)  # bucket 2 (match 3): 8 of 8 held
+    # bucket 2's pool: (8 + 0.6 * 2) / (8 + 2) = 0.92; bucket 3 (match 4-5) has seen nothing: its
+    # prior is the larger of its own 0.7 and the 0.92 below it
+    assert m.p("ngram", 3, 0) == pytest.approx((1 + 0.92 * 4) / 5)
+    assert m.p("ngram", 4, 0) == pytest.approx(0.92)
+    assert m.p("ngram", 9, 0) == pytest.approx(0.92)  # and so on up: 0.85 < 0.92
+    assert m.p("ngram", 2, 0) == pytest.approx(0.5)  # a shorter match learns nothing from a longer
+    m.observe("lookup", 1, n_drafted=8, n_accepted=0)  # bucket 0: (0 + 0.3 * 2) / (1 + 2) = 0.2
+    assert m.p("lookup", 2, 0) == pytest.approx(0.5)  # a poor short match does not lower the prior
+    m.observe("ngram", 4, n_drafted=2, n_accepted=0)  # bucket 3's own miss: (0 + 0.92 * 2) / 3
+    assert m.p("ngram", 16, 0) == pytest.approx(0.9)  # 0.613 below, so bucket 6 keeps its own 0.9
+    # the cached expected tokens of a bucket above one that learned are not stale
+    e_before = m.expected("suffix", 16, 2)
+    m.observe("suffix", 3, n_drafted=8, n_accepted=8)
+    assert m.expected("suffix", 16, 2) != e_before  # 0.92 now, not its own 0.9
+
+
+def test_observe_span_records_a_draft_piece_by_piece_as_observe_does_at_once():
+    whole, pieces = AcceptanceModel(), AcceptanceModel()
+    whole.observe("suffix", 9, n_drafted=8, n_accepted=5)  # positions 0-4 held, 5 missed
+    pieces.observe_span("suffix", 9, 0, 2, missed=False)
+    pieces.observe_span("suffix", 9, 2, 5, missed=True)
+    for pos in range(8):
+        assert pieces.p("suffix", 9, pos) == pytest.approx(whole.p("suffix", 9, pos))
+    assert pieces.p("suffix", 9, 6) == pytest.approx(pieces.p("suffix", 9, 7))  # 6, 7: never tried
+
+
 class Scripted:
     """A source that replays a fixed list of drafts, one per call."""
 
@@ -86,6 +115,30 @@ def test_auto_learns_from_drafts_it_did_not_send():
     assert sent[0] == 0
     # Even at certainty, 4 tokens for 2.46 beat 5 for 3.10 on this curve: it settles on 3 drafts.
     assert sent[-1] == 3
+
+
+def test_auto_learns_each_drafted_token_as_soon_as_it_is_confirmed():
+    # One proposal of 4 tokens, then nothing: its first two tokens are confirmed one step at a time
+    # (the draft is not decided yet) and the model has learned them already; the third is wrong.
+    auto = AutoDrafter([Scripted([(1, 2, 3, 4)])], [1.0, 1.1, 1.2, 1.3, 1.4], max_draft=4,
+                       model=AcceptanceModel(prior_mean=0.5))
+    auto.reset([0])
+    auto.propose(4)
+    m = auto.model
+    assert m.p("scripted", 5, 0) == pytest.approx(0.5)
+    auto.extend([1])
+    # bucket 4's pool: (1 + 0.5 * 2) / (1 + 2); position 0's cell: (1 + pool * 4) / (1 + 4)
+    pool = 2 / 3
+    assert m.p("scripted", 5, 0) == pytest.approx((1 + pool * 4) / 5)
+    auto.extend([2])
+    pool = 3 / 4
+    assert m.p("scripted", 5, 1) == pytest.approx((1 + pool * 4) / 5)
+    assert len(auto._pending) == 1  # still undecided: tokens 3 and 4 are not confirmed
+    auto.extend([7])  # the third drafted token (3) failed: decided, and scored once
+    pool = 3 / 5
+    assert m.p("scripted", 5, 2) == pytest.approx((0 + pool * 4) / 5)
+    assert m.p("scripted", 5, 0) == pytest.approx((1 + pool * 4) / 5)  # not counted twice
+    assert auto._pending == []
 
 
 @settings(max_examples=60, deadline=None)

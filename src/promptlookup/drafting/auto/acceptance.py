@@ -19,7 +19,8 @@ MATCH_BUCKETS = (1, 2, 3, 4, 6, 9, 16, 32)
 # seed the estimates (worth ``prior_strength`` observations); the run's own outcomes take over fast.
 BUCKET_PRIOR = (0.3, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.93)
 MAX_POSITIONS = 16
-CONSERVATIVE_Z = 1.0  # choices are judged on acceptances this many standard deviations low
+CONSERVATIVE_Z = 0.5  # choices are judged on acceptances this many standard deviations low (1.0 held
+# copies to half-length drafts for a hundred tokens; the controller's realized ratios also guard)
 
 
 def _bucket_of(match_len: int) -> int:
@@ -46,8 +47,12 @@ class _Beta:
 class AcceptanceModel:
     """P(drafted token i accepted | tokens before it accepted), per (source, bucket, position).
 
-    Estimates shrink toward a pooled per-(source, bucket) rate, which shrinks toward a global
-    prior, so a bucket seen twice is not trusted like one seen a thousand times. The expected
+    Estimates shrink toward a pooled per-(source, bucket) rate, which shrinks toward a prior, so a
+    bucket seen twice is not trusted like one seen a thousand times. A bucket's prior is the larger
+    of :data:`BUCKET_PRIOR` and the pooled rate of the bucket below it: a draft that follows a longer
+    exact match is expected to hold at least as well as one after a shorter match, so what the short
+    matches of this text showed reaches the long ones before any long one was scored (a copy's
+    match length climbs through every bucket in its first few dozen tokens). The expected
     tokens of a (source, bucket) are cached until that bucket learns something, because the
     controller asks for them on every step for every source.
     """
@@ -64,9 +69,13 @@ class AcceptanceModel:
         self._expected: dict[tuple[str, int], list[float]] = {}
 
     def _pooled(self, source: str, bucket: int) -> float:
-        pool = self._pools.get((source, bucket), _Beta())
-        prior = self.prior_mean[bucket]
-        return (pool.hits + prior * self.prior_strength) / (pool.trials + self.prior_strength)
+        prior = self.prior_mean[0]
+        rate = 0.0
+        for b in range(bucket + 1):  # each bucket's prior: its own or the rate of the one below
+            pool = self._pools.get((source, b), _Beta())
+            prior = max(self.prior_mean[b], rate) if b else prior
+            rate = (pool.hits + prior * self.prior_strength) / (pool.trials + self.prior_strength)
+        return rate
 
     def _p(self, source: str, bucket: int, position: int, base: float) -> float:
         cell = self._cells.get((source, bucket, min(position, MAX_POSITIONS - 1)), _Beta())
@@ -109,11 +118,20 @@ class AcceptanceModel:
 
     def observe(self, source: str, match_len: int, n_drafted: int, n_accepted: int) -> None:
         """Record a resolved draft: positions 0..n_accepted were tried, the first n_accepted held."""
+        self.observe_span(source, match_len, 0, n_accepted, n_accepted < n_drafted)
+
+    def observe_span(self, source: str, match_len: int, start: int, held: int, missed: bool) -> None:
+        """Record part of a draft as the confirmed tokens decide it: positions ``start..held-1``
+        held, and with ``missed`` position ``held`` was tried and failed. The controller records a
+        pending draft's hits as soon as they are confirmed, not when the whole draft is decided: a
+        draft of 8 sent 4 tokens at a time is decided two steps later, and a copy would otherwise
+        be judged on what was known two steps ago."""
         bucket = match_bucket(match_len)
-        self._expected.pop((source, bucket), None)
+        for b in range(bucket, len(MATCH_BUCKETS)):  # this bucket's rate is the prior of those above
+            self._expected.pop((source, b), None)
         pool = self._pools.setdefault((source, bucket), _Beta())
-        for i in range(min(n_accepted + 1, n_drafted)):
-            hit = 1.0 if i < n_accepted else 0.0
+        for i in range(start, held + 1 if missed else held):
+            hit = 1.0 if i < held else 0.0
             cell = self._cells.setdefault((source, bucket, min(i, MAX_POSITIONS - 1)), _Beta())
             cell.hits += hit
             cell.trials += 1

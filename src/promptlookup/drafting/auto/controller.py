@@ -84,6 +84,7 @@ class _Ledger:
 class _Pending:
     start: int  # index in the confirmed stream of the first token this draft guessed
     draft: Draft
+    scored: int = 0  # leading tokens of the draft already recorded as held
 
 
 @dataclass
@@ -177,19 +178,24 @@ class AutoDrafter:
             self._told[i] = n
 
     def _resolve(self) -> None:
-        """Score every pending proposal whose outcome the confirmed tokens now decide."""
+        """Score every pending proposal against the confirmed tokens: the acceptance model learns
+        each drafted token as soon as it is confirmed (:meth:`AcceptanceModel.observe_span`), and a
+        proposal leaves the pending list, booking its outcome to its kind of choice, once decided."""
         n = len(self._stream)
         still: list[_Pending] = []
         for pend in self._pending:
             toks = pend.draft.tokens
-            m = 0
+            m = pend.scored
             while m < len(toks) and pend.start + m < n and toks[m] == self._stream[pend.start + m]:
                 m += 1
             decided = m == len(toks) or pend.start + m < n
+            missed = m < len(toks) and pend.start + m < n
+            if m > pend.scored or missed:
+                self.model.observe_span(pend.draft.source, pend.draft.match_len, pend.scored, m, missed)
+                pend.scored = m
             if not decided:
                 still.append(pend)
                 continue
-            self.model.observe(pend.draft.source, pend.draft.match_len, len(toks), m)
             chosen = self._chosen.get(pend.start)
             if chosen is not None and chosen[0][0] == pend.draft.source:
                 del self._chosen[pend.start]
