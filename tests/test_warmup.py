@@ -52,7 +52,7 @@ def _probe(spec: str, warm: bool) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("spec", ["auto", "ngram", "lookup", "suffix"])
+@pytest.mark.parametrize("spec", ["auto", "ngram", "lookup", "suffix", "align"])
 def test_nothing_compiles_inside_the_loop_after_the_factory(spec):
     got = _probe(spec, warm=True)
     assert got["compiled_in_run"] == []
@@ -78,7 +78,7 @@ def _replay(source, text: list[int]) -> list[tuple[int, ...]]:
     return drafts
 
 
-@pytest.mark.parametrize("spec", ["auto", "suffix", "lookup", "ngram:min=2"])
+@pytest.mark.parametrize("spec", ["auto", "suffix", "lookup", "ngram:min=2", "align"])
 def test_a_warm_up_leaves_no_trace(spec):
     # The source made after a warm-up proposes exactly what one made without any warm-up does, and
     # the run's shared history holds nothing the warm-up saw.

@@ -226,8 +226,8 @@ def _add_speculate_flags(p: argparse.ArgumentParser, default: str, shorthands: S
     its shorthands (``--ngram`` = ``--speculate ngram``), mutually exclusive."""
     how = p.add_mutually_exclusive_group()
     how.add_argument("--speculate", metavar="SPEC",
-                     help=f"draft source setting (default {default}): off, ngram, lookup, suffix, auto, with "
-                          "settings as name:key=value, e.g. ngram:draft=4:min=5")
+                     help=f"draft source setting (default {default}): off, ngram, lookup, suffix, align, "
+                          "auto, with settings as name:key=value, e.g. ngram:draft=4:min=5")
     for name in shorthands:
         how.add_argument(f"--{name}", dest="shorthand", action="store_const", const=name,
                          help=f"the same as --speculate {name}")
@@ -244,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text (greedy or sampled), speculating by prompt lookup",
                        description="Greedy or sampled generation, speculating with --speculate auto by "
                                    "default (drafting only where measured time says it pays); "
-                                   "--speculate off is plain decoding, --ngram/--lookup/--suffix one "
+                                   "--speculate off is plain decoding, --ngram/--lookup/--suffix/--align one "
                                    "source. The output is the model's own either way.")
     _add_model_args(g, backend=True)
     src = g.add_mutually_exclusive_group()
@@ -254,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--system", help="system message for --chat")
     g.add_argument("-n", "--n-predict", type=_int_in(1, MAX_PREDICT, "--n-predict"), default=256,
                    help="maximum tokens to generate (default 256)")
-    _add_speculate_flags(g, "auto", ("ngram", "lookup", "suffix"))
+    _add_speculate_flags(g, "auto", ("ngram", "lookup", "suffix", "align"))
     _add_source_flags(g, ("ngram", "lookup", "suffix", "auto"))
     _add_sampling_args(g)
     g.add_argument("--logprobs", type=_int_in(0, 20, "--logprobs"), metavar="N",
@@ -636,6 +636,7 @@ def _load_backend(args: argparse.Namespace, announce: bool = False):
 
 # how each command's flags select a draft source (drafting/spec.py builds it from the rest of the flags)
 GENERATE_SOURCES = {"off": "--speculate off", "ngram": "--ngram", "lookup": "--lookup", "suffix": "--suffix",
+                    "align": "--align",
                     "auto": "--speculate auto"}
 STATS_SOURCES = {"lookup": "--lookup", "ngram": "--ngram", "suffix": "--suffix"}
 

@@ -32,6 +32,7 @@ SOURCES: dict[str, str] = {
     "ngram": "promptlookup.drafting.ngram.source",
     "lookup": "promptlookup.drafting.lookup.source",
     "suffix": "promptlookup.drafting.suffix.source",
+    "align": "promptlookup.drafting.align.source",
     "auto": "promptlookup.drafting.auto.source",
 }
 OFF = "off"  # plain decoding: no source at all

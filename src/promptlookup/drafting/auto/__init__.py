@@ -13,7 +13,7 @@ the most confirmed tokens per second. One module per part:
   the slow plain steps drafting leaves behind.
 * ``controller.py``: :class:`~promptlookup.drafting.auto.controller.AutoDrafter`, the choice per
   step, its ledgers of realized outcomes (the winner's-curse correction) and its calibration.
-* ``source.py``: the spec glue (``auto[:sources=ngram+lookup+suffix][:curve=FILE][:margin=X]``):
+* ``source.py``: the spec glue (``auto[:sources=ngram+lookup+suffix+align][:curve=FILE][:margin=X]``):
   which sources ``auto`` weighs (each source module declares ``AUTO_WEIGHED``), its options, and
   its factory.
 

@@ -1,4 +1,4 @@
-"""``auto`` in the source vocabulary: ``auto[:sources=ngram+lookup+suffix][:curve=FILE][:margin=X]``
+"""``auto`` in the source vocabulary: ``auto[:sources=ngram+lookup+suffix+align][:curve=FILE][:margin=X]``
 plus the settings of the sources it weighs (``static=``, ``history=``, ``corpus=``...).
 
 Sources join ``auto`` by declaration, not by a list here: a source module in
