@@ -1,0 +1,179 @@
+"""``auto`` against its hindsight oracle, and source sets against each other, in same-text replays
+over many models and texts: the controller's yardstick without the machine's noise.
+
+Why: a live bench of ``auto`` on a 1.5B takes half an hour for four 256-token answers, and its
+ratios move by a few percent with the hour (docs/results.md); a change to the controller moves them
+by less. A replay (:mod:`promptlookup.measure.simulate`) runs the very loop, sources and controller on
+a model's plain output, charging each verify the model's measured cost curve, so it is deterministic
+and takes seconds: the same text, every variant, every curve. Each (model, workload item) is
+generated plainly once (greedy, or ``--temp`` with a fixed seed) and its prompt and output cached
+(``~/.cache/promptlookup/replays/``); the table gives per item the hindsight oracle over ``auto``'s
+sources and each cell's replayed speedup with its share of that oracle, then per model the geometric
+mean and the cost-weighted share. ``--curve FILE`` (``promptlookup curve -o``) replays on another
+machine's curve as well as the model's own.
+
+    python benchmarks/auto_replay.py -m qwen2.5-coder-1.5b -m qwen2.5-coder-0.5b \\
+        --cells auto,auto:sources=ngram+lookup+suffix,suffix:draft=4 -n 256
+    W=~/.cache/promptlookup/workloads/real   # benchmarks/workloads/real/build.py
+    python benchmarks/auto_replay.py -m qwen2.5-coder-0.5b -w $W/summaries/prompts -n 384 -c 8192 --every 4
+
+A multi-request workload (``=== next request ===``) is replayed in order and the last request
+reported, as ``promptlookup bench`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from promptlookup.chat import chat_tokens  # noqa: E402
+from promptlookup.costcurve import CostCurve  # noqa: E402
+from promptlookup.drafting.base import MAX_DRAFT  # noqa: E402
+from promptlookup.drafting.spec import Run, SourceSpec, build_source  # noqa: E402
+from promptlookup.fileio import atomic_write_text  # noqa: E402
+from promptlookup.measure import bench  # noqa: E402
+from promptlookup.measure.simulate import oracle, simulate  # noqa: E402
+from promptlookup.textin import read_prompt_file  # noqa: E402
+
+CACHE = Path.home() / ".cache" / "promptlookup" / "replays"
+
+
+def workload_files(paths: list[str], every: int) -> list[Path]:
+    files: list[Path] = []
+    for w in paths:
+        p = Path(w).expanduser()
+        if p.is_dir():
+            files.extend(sorted(p.glob("*.txt"))[::every])
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise SystemExit(f"auto_replay: workload not found: {p}")
+    if not files:
+        raise SystemExit("auto_replay: no workload prompts found")
+    return files
+
+
+def label(model: str) -> str:
+    """A model's name in the table and the cache: a file's stem, or the name as given."""
+    return Path(model).stem if Path(model).expanduser().is_file() else model
+
+
+def plain_outputs(model: str, files: list[Path], n: int, n_ctx: int, threads: int, temp: float,
+                  seed: int) -> dict:
+    """``{"curve": [...], "n_vocab": V, "items": {name: {"requests": [...], "outputs": [...]}}}``,
+    generated once per (model, files, n, temp, seed) and cached."""
+    from promptlookup.api import load_backend
+    from promptlookup.backends.costs import cached_cost_curve
+    from promptlookup.sampling import Sampler, SamplingParams
+    from promptlookup.speculate import generate
+
+    texts = {f: read_prompt_file(f, "workload") for f in files}
+    key = hashlib.sha256(json.dumps([model, n, temp, seed, sorted((f.name, hashlib.sha256(
+        t.encode()).hexdigest()) for f, t in texts.items())]).encode()).hexdigest()[:16]
+    path = CACHE / f"{label(model)}-{key}.json"
+    if path.is_file():
+        return json.loads(path.read_text(encoding="utf-8"))
+    backend = load_backend(model, "llama.cpp", n_ctx, threads)
+    out = {"curve": list(cached_cost_curve(backend).seconds), "n_vocab": backend.n_vocab, "items": {}}
+    for i, f in enumerate(files):
+        requests = [chat_tokens(backend, t) for t in bench.split_requests(texts[f])]
+        outputs = []
+        t0 = time.perf_counter()
+        for prompt in requests:
+            sampler = Sampler(SamplingParams(temp=temp), seed) if temp > 0 else None
+            outputs.append(list(generate(backend, prompt, n, sampler=sampler).tokens))
+        out["items"][f.stem] = {"requests": requests, "outputs": outputs}
+        print(f"auto_replay: {label(model)} [{i + 1}/{len(files)}] {f.stem}: "
+              f"{sum(map(len, outputs))} tokens in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(out))
+    return out
+
+
+def replay(spec: str, run: Run, requests: list[list[int]], outputs: list[list[int]],
+           curve: CostCurve) -> float:
+    """The cell's replayed speedup on the last request, after the earlier ones (committed between)."""
+    parsed = SourceSpec.parse(spec)
+    source = build_source(parsed, run)
+    draft = parsed.draft if source is not None else 1
+    result = None
+    for i, (prompt, text) in enumerate(zip(requests, outputs, strict=True)):
+        result = simulate(prompt, text, source, draft, curve)
+        if i < len(requests) - 1 and source is not None:
+            source.commit()
+    assert result is not None
+    return result.speedup
+
+
+def oracle_of(run: Run, requests: list[list[int]], outputs: list[list[int]], curve: CostCurve):
+    sources = build_source(SourceSpec.parse("auto"), run).sources
+    for prompt, out in zip(requests[:-1], outputs[:-1], strict=True):
+        for s in sources:
+            s.reset([*prompt, *out])
+            s.commit()
+    return oracle(requests[-1], outputs[-1], sources, MAX_DRAFT, curve)
+
+
+def geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-m", "--model", action="append", required=True, help="model name or GGUF (repeatable)")
+    ap.add_argument("-w", "--workload", nargs="+", default=[str(ROOT / "benchmarks" / "workloads")])
+    ap.add_argument("--every", type=int, default=1, help="of a folder's prompts, every Nth (default all)")
+    ap.add_argument("--cells", default="auto", help="comma-separated source specs to replay (default auto)")
+    ap.add_argument("-n", type=int, default=256, help="tokens per answer (default 256)")
+    ap.add_argument("-c", "--ctx", type=int, default=4096)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--temp", type=float, default=0.0, help="sample the plain outputs (seed --seed)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--curve", action="append", default=[],
+                    help="replay on this cost curve file too (promptlookup curve -o), besides the model's")
+    ap.add_argument("--md", help="also write the table to this file")
+    args = ap.parse_args()
+    cells = [c.strip() for c in args.cells.split(",") if c.strip()]
+    for c in cells:
+        SourceSpec.parse(c).check()  # a bad cell fails before any model loads
+    curves = [(Path(p).stem, CostCurve.load(p)) for p in args.curve]
+    files = workload_files(args.workload, max(1, args.every))
+    head = "| model | curve | item | oracle | " + " | ".join(f"{c} (share)" for c in cells) + " |"
+    lines = [head, "|" + "---|" * (4 + len(cells))]
+    for model in args.model:
+        data = plain_outputs(model, files, args.n, args.ctx, args.threads, args.temp, args.seed)
+        for cname, curve in [("own", CostCurve(tuple(data["curve"]))), *curves]:
+            run = Run(data["n_vocab"], lambda: "replay", cost_curve=lambda c=curve: c)
+            speeds: dict[str, list[float]] = {c: [] for c in cells}
+            costs = {c: 0.0 for c in cells}
+            oracle_cost = 0.0
+            for name, item in data["items"].items():
+                orc = oracle_of(run, item["requests"], item["outputs"], curve)
+                oracle_cost += orc.cost
+                row = [label(model), cname, name, f"{orc.speedup:.3f}x"]
+                for c in cells:
+                    x = replay(c, run, item["requests"], item["outputs"], curve)
+                    speeds[c].append(x)
+                    costs[c] += orc.plain_cost / x
+                    row.append(f"{x:.3f}x ({x / orc.speedup:.0%})")
+                lines.append("| " + " | ".join(row) + " |")
+            summary = [label(model), cname, "**geomean; cost-weighted share**", ""]
+            summary += [f"**{geomean(speeds[c]):.3f}x**; {oracle_cost / costs[c]:.1%}" for c in cells]
+            lines.append("| " + " | ".join(summary) + " |")
+    table = "\n".join(lines)
+    print(table)
+    if args.md:
+        atomic_write_text(Path(args.md), table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
