@@ -163,6 +163,7 @@ def test_generate_defaults_to_auto_and_off_is_a_flag():
     assert spec("--speculate", "auto").name == "auto"
     assert spec("--speculate", "off").name == "off"
     assert spec("--ngram").name == "ngram" and spec("--suffix").name == "suffix"
+    assert spec("--align").label == "align:draft=3" and spec("--speculate", "align:draft=8").draft == 8
     assert spec("--speculate", "auto", "--lookup-cache-static", "s.plc").get("static") == "s.plc"
 
 

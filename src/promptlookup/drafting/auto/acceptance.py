@@ -19,8 +19,8 @@ MATCH_BUCKETS = (1, 2, 3, 4, 6, 9, 16, 32)
 # seed the estimates (worth ``prior_strength`` observations); the run's own outcomes take over fast.
 BUCKET_PRIOR = (0.3, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.93)
 MAX_POSITIONS = 16
-CONSERVATIVE_Z = 0.5  # choices are judged on acceptances this many standard deviations low (1.0 held
-# copies to half-length drafts for a hundred tokens; the controller's realized ratios also guard)
+CONSERVATIVE_Z = 0.5  # choices are judged on acceptances this many standard deviations low (at 1.0,
+# copies were sent 2-4 tokens at a time where 8 held; the controller's realized ratios also guard)
 
 
 def _bucket_of(match_len: int) -> int:
@@ -53,8 +53,8 @@ class AcceptanceModel:
     exact match is expected to hold at least as well as one after a shorter match, so what the short
     matches of this text showed reaches the long ones before any long one was scored (a copy's
     match length climbs through every bucket in its first few dozen tokens). The expected
-    tokens of a (source, bucket) are cached until that bucket learns something, because the
-    controller asks for them on every step for every source.
+    tokens of a (source, bucket) are cached until that bucket or one below it learns something,
+    because the controller asks for them on every step for every source.
     """
 
     def __init__(self, prior_mean: Sequence[float] | float = BUCKET_PRIOR, prior_strength: float = 2.0,
