@@ -437,7 +437,8 @@ def _add_serve_command(sub) -> None:
                    help="TCP port (default 8080; 0 picks a free one, printed in the ready line)")
     s.add_argument("--speculate", default=DEFAULT_SPECULATE, metavar="SPEC",
                    help=f"draft source for requests that do not choose one (default {DEFAULT_SPECULATE}; "
-                        "off, ngram, lookup, suffix, ngram:draft=4, ...); a request may set `speculate`")
+                        "off, ngram, lookup, suffix, align, ngram:draft=4, ...); a request may set "
+                        "`speculate`")
     # the run-wide files every request's sources share (settings of one source go in --speculate);
     # --history and --history-budget are the names this command had
     _add_source_flags(s, ("suffix", "lookup", "auto"),
