@@ -36,29 +36,13 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from promptlookup.chat import chat_tokens  # noqa: E402
 from promptlookup.costcurve import CostCurve  # noqa: E402
-from promptlookup.drafting.base import MAX_DRAFT  # noqa: E402
-from promptlookup.drafting.spec import Run, SourceSpec, build_source  # noqa: E402
+from promptlookup.drafting.spec import Run, SourceSpec  # noqa: E402
+from promptlookup.errors import UsageError  # noqa: E402
 from promptlookup.fileio import atomic_write_text  # noqa: E402
 from promptlookup.measure import bench  # noqa: E402
-from promptlookup.measure.simulate import oracle, simulate  # noqa: E402
 from promptlookup.textin import read_prompt_file  # noqa: E402
 
 CACHE = Path.home() / ".cache" / "promptlookup" / "replays"
-
-
-def workload_files(paths: list[str], every: int) -> list[Path]:
-    files: list[Path] = []
-    for w in paths:
-        p = Path(w).expanduser()
-        if p.is_dir():
-            files.extend(sorted(p.glob("*.txt"))[::every])
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise SystemExit(f"auto_replay: workload not found: {p}")
-    if not files:
-        raise SystemExit("auto_replay: no workload prompts found")
-    return files
 
 
 def label(model: str) -> str:
@@ -98,30 +82,6 @@ def plain_outputs(model: str, files: list[Path], n: int, n_ctx: int, threads: in
     return out
 
 
-def replay(spec: str, run: Run, requests: list[list[int]], outputs: list[list[int]],
-           curve: CostCurve) -> float:
-    """The cell's replayed speedup on the last request, after the earlier ones (committed between)."""
-    parsed = SourceSpec.parse(spec)
-    source = build_source(parsed, run)
-    draft = parsed.draft if source is not None else 1
-    result = None
-    for i, (prompt, text) in enumerate(zip(requests, outputs, strict=True)):
-        result = simulate(prompt, text, source, draft, curve)
-        if i < len(requests) - 1 and source is not None:
-            source.commit()
-    assert result is not None
-    return result.speedup
-
-
-def oracle_of(run: Run, requests: list[list[int]], outputs: list[list[int]], curve: CostCurve):
-    sources = build_source(SourceSpec.parse("auto"), run).sources
-    for prompt, out in zip(requests[:-1], outputs[:-1], strict=True):
-        for s in sources:
-            s.reset([*prompt, *out])
-            s.commit()
-    return oracle(requests[-1], outputs[-1], sources, MAX_DRAFT, curve)
-
-
 def geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
@@ -142,10 +102,12 @@ def main() -> int:
     ap.add_argument("--md", help="also write the table to this file")
     args = ap.parse_args()
     cells = [c.strip() for c in args.cells.split(",") if c.strip()]
-    for c in cells:
-        SourceSpec.parse(c).check()  # a bad cell fails before any model loads
+    specs = {c: SourceSpec.parse(c).check() for c in cells}  # a bad cell fails before any model loads
     curves = [(Path(p).stem, CostCurve.load(p)) for p in args.curve]
-    files = workload_files(args.workload, max(1, args.every))
+    try:
+        files = bench.workload_files([Path(w).expanduser() for w in args.workload], max(1, args.every))
+    except UsageError as exc:
+        raise SystemExit(f"auto_replay: {exc}") from None
     head = "| model | curve | item | oracle | " + " | ".join(f"{c} (share)" for c in cells) + " |"
     lines = [head, "|" + "---|" * (4 + len(cells))]
     for model in args.model:
@@ -156,11 +118,11 @@ def main() -> int:
             costs = {c: 0.0 for c in cells}
             oracle_cost = 0.0
             for name, item in data["items"].items():
-                orc = oracle_of(run, item["requests"], item["outputs"], curve)
+                orc = bench.oracle_on(run, curve, item["requests"], item["outputs"])
                 oracle_cost += orc.cost
                 row = [label(model), cname, name, f"{orc.speedup:.3f}x"]
                 for c in cells:
-                    x = replay(c, run, item["requests"], item["outputs"], curve)
+                    x = bench.replayed_speedup(specs[c], run, curve, item["requests"], item["outputs"])
                     speeds[c].append(x)
                     costs[c] += orc.plain_cost / x
                     row.append(f"{x:.3f}x ({x / orc.speedup:.0%})")

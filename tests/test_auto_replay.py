@@ -1,5 +1,6 @@
-"""benchmarks/auto_replay.py: its replay and oracle agree with the simulation they wrap, and a
-session's earlier requests are committed before the last is replayed."""
+"""The replay and oracle that benchmarks/auto_replay.py tabulates (bench.replayed_speedup,
+bench.oracle_on): they agree with the simulation they wrap, and a session's earlier requests are
+committed before the last is replayed; the script's own helpers."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from promptlookup.costcurve import CostCurve
 from promptlookup.drafting.spec import Run, SourceSpec, build_source
+from promptlookup.measure.bench import oracle_on, replayed_speedup
 from promptlookup.measure.simulate import simulate
 
 _SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "auto_replay.py"
@@ -24,20 +26,21 @@ WORDS = [(i * 7919) % 251 for i in range(120)]  # 120 distinct-looking tokens
 
 def test_replay_of_one_request_is_the_simulation():
     prompt, text = [1, 2, 3, *WORDS[:60]], WORDS[:60]  # the answer copies the prompt
-    got = auto_replay.replay("ngram:draft=4", RUN, [prompt], [text], CURVE)
+    got = replayed_speedup(SourceSpec.parse("ngram:draft=4"), RUN, CURVE, [prompt], [text])
     want = simulate(prompt, text, build_source(SourceSpec.parse("ngram"), RUN), 4, CURVE).speedup
     assert got == pytest.approx(want) and got > 1.5
-    assert auto_replay.replay("off", RUN, [prompt], [text], CURVE) == pytest.approx(1.0)
+    assert replayed_speedup(SourceSpec.parse("off"), RUN, CURVE, [prompt], [text]) == pytest.approx(1.0)
 
 
 def test_a_session_replays_its_last_request_after_the_earlier_ones():
     # The second answer repeats the first; only a source that keeps earlier requests drafts it.
     first, second = [290, 291], [292, 293]
     answer = WORDS[:80]
-    with_history = auto_replay.replay("suffix:draft=8", RUN, [first, second], [answer, answer], CURVE)
-    alone = auto_replay.replay("suffix:draft=8", RUN, [second], [answer], CURVE)
+    suffix = SourceSpec.parse("suffix:draft=8")
+    with_history = replayed_speedup(suffix, RUN, CURVE, [first, second], [answer, answer])
+    alone = replayed_speedup(suffix, RUN, CURVE, [second], [answer])
     assert with_history > 2.0 and alone < 1.2
-    orc = auto_replay.oracle_of(RUN, [first, second], [answer, answer], CURVE)
+    orc = oracle_on(RUN, CURVE, [first, second], [answer, answer])
     assert orc.speedup >= with_history  # the ceiling of auto's sources, suffix among them
 
 

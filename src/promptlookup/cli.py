@@ -920,17 +920,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from promptlookup.measure.llama_server_peer import check_program
 
         check_program(args.llama_server)  # before the model loads
-    files: list[Path] = []
-    for w in args.workload:
-        p = Path(w)
-        if p.is_dir():
-            files.extend(sorted(p.glob("*.txt")))
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise UsageError(f"workload not found: {p}")
-    if not files:
-        raise UsageError("no workload prompts found (give -w FILE or a directory of *.txt)")
+    files = bench.workload_files(args.workload)
     texts = {f: read_prompt_file(f, "workload") for f in files}  # every file checked before any work
     backend = _load_backend(args, announce=True)
     workloads = {}

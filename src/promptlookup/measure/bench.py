@@ -39,15 +39,20 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
 from promptlookup.backends.base import Model, common_prefix
 from promptlookup.backends.costs import cached_cost_curve
+from promptlookup.costcurve import CostCurve
 from promptlookup.drafting.base import DraftSource, report_of
 from promptlookup.drafting.spec import OFF, SOURCES, Run, SourceSpec, SpecError, build_source
+from promptlookup.errors import UsageError
 from promptlookup.telemetry import Counters
+
+if TYPE_CHECKING:
+    from promptlookup.measure.simulate import SimResult
 
 # peer cell -> its settings (draft sources' settings are declared by the sources, see drafting/spec.py)
 PEER_KEYS = {"peer-llamacpp": {"pred"}, "peer-hf": {"pld"}, "peer-ls": {"spec"}}
@@ -147,15 +152,22 @@ def oracle_speedup(backend: Model, requests: Sequence[Sequence[int]],
     """The hindsight oracle's speedup on the last request's output, from auto's sources (having
     seen the earlier requests) and the backend's curve: the ceiling any controller could reach on
     this run (simulated, see promptlookup.measure.simulate)."""
+    return oracle_on(backend_run(backend), cached_cost_curve(backend), requests, outputs).speedup
+
+
+def oracle_on(run: Run, curve: CostCurve, requests: Sequence[Sequence[int]],
+              outputs: Sequence[Sequence[int]]) -> SimResult:
+    """:func:`oracle_speedup`'s simulation from what a run has (no backend): ``auto``'s sources,
+    having seen the earlier requests, on the last one, charged by ``curve``."""
     from promptlookup.drafting.base import MAX_DRAFT
     from promptlookup.measure.simulate import oracle
 
-    sources = build_source(SourceSpec("auto"), backend_run(backend)).sources
+    sources = build_source(SourceSpec("auto"), run).sources
     for prompt, out in zip(requests[:-1], outputs[:-1], strict=True):
         for src in sources:
             src.reset([*prompt, *out])
             src.commit()
-    return oracle(requests[-1], outputs[-1], sources, MAX_DRAFT, cached_cost_curve(backend)).speedup
+    return oracle(requests[-1], outputs[-1], sources, MAX_DRAFT, curve)
 
 
 def replayed_speedups(backend: Model, requests: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
@@ -164,20 +176,46 @@ def replayed_speedups(backend: Model, requests: Sequence[Sequence[int]], outputs
     the backend's cost curve (:mod:`promptlookup.measure.simulate`): every source drafts the same
     text, so the figures compare sources where a real run's texts may differ. A fresh source per
     cell, run over the earlier requests first as in the real run (committed between requests)."""
-    from promptlookup.measure.simulate import simulate
-
-    curve = cached_cost_curve(backend)
+    run, curve = backend_run(backend), cached_cost_curve(backend)
     out: dict[str, float] = {}
     for cell in cells:
         if cell.name == OFF or cell.name in PEERS or cell.label in out:
             continue
-        source, draft = make_source(cell, backend)
-        for i, (prompt, text) in enumerate(zip(requests, outputs, strict=True)):
-            result = simulate(prompt, text, source, draft, curve)
-            if i < len(requests) - 1 and source is not None:
-                source.commit()
-        out[cell.label] = result.speedup
+        out[cell.label] = replayed_speedup(cell, run, curve, requests, outputs)
     return out
+
+
+def replayed_speedup(spec: SourceSpec, run: Run, curve: CostCurve, requests: Sequence[Sequence[int]],
+                     outputs: Sequence[Sequence[int]]) -> float:
+    """One source spec's same-text replay on the last request (see :func:`replayed_speedups`), from
+    what a run has (no backend): a fresh source, run over the earlier requests first."""
+    from promptlookup.measure.simulate import simulate
+
+    source = build_source(spec, run)
+    draft = spec.draft if source is not None else 1
+    speedup = 1.0
+    for i, (prompt, text) in enumerate(zip(requests, outputs, strict=True)):
+        speedup = simulate(prompt, text, source, draft, curve).speedup
+        if i < len(requests) - 1 and source is not None:
+            source.commit()
+    return speedup
+
+
+def workload_files(paths: Sequence[str | Path], every: int = 1) -> list[Path]:
+    """The prompt files ``paths`` name: a file as it is, a directory's ``*.txt`` sorted (every
+    ``every``-th of them). A path that is neither, or no file at all, is a :class:`UsageError`."""
+    files: list[Path] = []
+    for w in paths:
+        p = Path(w)
+        if p.is_dir():
+            files.extend(sorted(p.glob("*.txt"))[::every])
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise UsageError(f"workload not found: {p}")
+    if not files:
+        raise UsageError("no workload prompts found (give -w FILE or a directory of *.txt)")
+    return files
 
 
 def run_bench(backend: Model, workloads: dict[str, list[list[int]]], cells: Sequence[Cell], repeat: int,
