@@ -9,8 +9,9 @@ and takes seconds: the same text, every variant, every curve. Each (model, workl
 generated plainly once (greedy, or ``--temp`` with a fixed seed) and its prompt and output cached
 (``~/.cache/promptlookup/replays/``); the table gives per item the hindsight oracle over ``auto``'s
 sources and each cell's replayed speedup with its share of that oracle, then per model the geometric
-mean and the cost-weighted share. ``--curve FILE`` (``promptlookup curve -o``) replays on another
-machine's curve as well as the model's own.
+mean and the cost-weighted share, charged three ways: by the model's load-time curve ("own"), by
+verify costs timed after each item's prompt and half its answer ("after prompt", as the live steps
+ran), and by ``--curve FILE`` (``promptlookup curve -o``: another machine's curve).
 
     python benchmarks/auto_replay.py -m qwen2.5-coder-1.5b -m qwen2.5-coder-0.5b \\
         --cells auto,auto:sources=ngram+lookup+suffix,suffix:draft=4 -n 256
@@ -52,10 +53,13 @@ def label(model: str) -> str:
 
 def plain_outputs(model: str, files: list[Path], n: int, n_ctx: int, threads: int, temp: float,
                   seed: int) -> dict:
-    """``{"curve": [...], "n_vocab": V, "items": {name: {"requests": [...], "outputs": [...]}}}``,
-    generated once per (model, files, n, temp, seed) and cached."""
+    """``{"curve": [...], "n_vocab": V, "items": {name: {"requests": [...], "outputs": [...],
+    "curve_after": [...]}}}``, generated once per (model, files, n, temp, seed) and cached.
+    ``curve`` is the model's load-time curve (what ``auto`` starts from), ``curve_after`` the verify
+    costs timed after the item's prompt and half its answer (what its steps cost there; a cache
+    written before it is completed once)."""
     from promptlookup.api import load_backend
-    from promptlookup.backends.costs import cached_cost_curve
+    from promptlookup.backends.costs import cached_cost_curve, measure_cost_curve_after
     from promptlookup.sampling import Sampler, SamplingParams
     from promptlookup.speculate import generate
 
@@ -63,20 +67,29 @@ def plain_outputs(model: str, files: list[Path], n: int, n_ctx: int, threads: in
     key = hashlib.sha256(json.dumps([model, n, temp, seed, sorted((f.name, hashlib.sha256(
         t.encode()).hexdigest()) for f, t in texts.items())]).encode()).hexdigest()[:16]
     path = CACHE / f"{label(model)}-{key}.json"
-    if path.is_file():
-        return json.loads(path.read_text(encoding="utf-8"))
+    out = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    if out is not None and all("curve_after" in item for item in out["items"].values()):
+        return out
     backend = load_backend(model, "llama.cpp", n_ctx, threads)
-    out = {"curve": list(cached_cost_curve(backend).seconds), "n_vocab": backend.n_vocab, "items": {}}
+    if out is None:
+        out = {"curve": list(cached_cost_curve(backend).seconds), "n_vocab": backend.n_vocab, "items": {}}
     for i, f in enumerate(files):
-        requests = [chat_tokens(backend, t) for t in bench.split_requests(texts[f])]
-        outputs = []
+        item = out["items"].get(f.stem)
         t0 = time.perf_counter()
-        for prompt in requests:
-            sampler = Sampler(SamplingParams(temp=temp), seed) if temp > 0 else None
-            outputs.append(list(generate(backend, prompt, n, sampler=sampler).tokens))
-        out["items"][f.stem] = {"requests": requests, "outputs": outputs}
+        if item is None:
+            requests = [chat_tokens(backend, t) for t in bench.split_requests(texts[f])]
+            outputs = []
+            for prompt in requests:
+                sampler = Sampler(SamplingParams(temp=temp), seed) if temp > 0 else None
+                outputs.append(list(generate(backend, prompt, n, sampler=sampler).tokens))
+            item = out["items"][f.stem] = {"requests": requests, "outputs": outputs}
+        if "curve_after" not in item:
+            answer = item["outputs"][-1]
+            item["curve_after"] = list(measure_cost_curve_after(
+                backend, [*item["requests"][-1], *answer[:len(answer) // 2]]).seconds)
         print(f"auto_replay: {label(model)} [{i + 1}/{len(files)}] {f.stem}: "
-              f"{sum(map(len, outputs))} tokens in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+              f"{sum(map(len, item['outputs']))} tokens, curve after the prompt, "
+              f"{time.perf_counter() - t0:.1f} s", file=sys.stderr)
     CACHE.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(out))
     return out
@@ -112,12 +125,16 @@ def main() -> int:
     lines = [head, "|" + "---|" * (4 + len(cells))]
     for model in args.model:
         data = plain_outputs(model, files, args.n, args.ctx, args.threads, args.temp, args.seed)
-        for cname, curve in [("own", CostCurve(tuple(data["curve"]))), *curves]:
-            run = Run(data["n_vocab"], lambda: "replay", cost_curve=lambda c=curve: c)
+        own = CostCurve(tuple(data["curve"]))
+        for cname, given in [("own", own), ("after prompt", None), *curves]:
             speeds: dict[str, list[float]] = {c: [] for c in cells}
             costs = {c: 0.0 for c in cells}
             oracle_cost = 0.0
             for name, item in data["items"].items():
+                # "after prompt": charged as live, by the item's curve after its prompt, with auto
+                # starting from the load-time curve, as it does live
+                curve = given or CostCurve(tuple(item["curve_after"]))
+                run = Run(data["n_vocab"], lambda: "replay", cost_curve=lambda c=given or own: c)
                 orc = bench.oracle_on(run, curve, item["requests"], item["outputs"])
                 oracle_cost += orc.cost
                 row = [label(model), cname, name, f"{orc.speedup:.3f}x"]

@@ -91,3 +91,55 @@ def test_simulate_text_chunks_and_labels():
     assert res[1].cost <= res[0].cost
     table = report_table(res, CostCurve.flat(9))
     assert "| oracle |" in table and "speedup" in table
+
+
+class _ClockedModel:
+    """A FakeModel whose verify advances a virtual clock: 1 unit per token fed plus 0.01 per cached
+    position per step (attention over the cache is read once per step, however wide), and records
+    how many tokens each prefill decoded."""
+
+    name = "clocked"
+
+    def __init__(self) -> None:
+        from fakes import FakeModel
+
+        self.m = FakeModel(n_vocab=300, n_ctx=4096)
+        self.now = 0.0
+        self.prefilled: list[int] = []
+
+    n_past = property(lambda self: self.m.n_past)
+    tokens = property(lambda self: self.m.tokens)
+
+    def clock(self) -> float:
+        return self.now
+
+    def prefill(self, ids, sampler=None, keep=0):
+        self.prefilled.append(len(ids) - keep)
+        return self.m.prefill(ids, sampler, keep)
+
+    def verify(self, ids, sampler=None):
+        self.now += len(ids) + 0.01 * self.m.n_past
+        return self.m.verify(ids, sampler)
+
+    def rollback(self, n_keep):
+        self.m.rollback(n_keep)
+
+
+def test_curve_after_a_context_is_timed_there_and_decodes_only_what_is_not_cached():
+    from promptlookup.backends.costs import measure_cost_curve, measure_cost_curve_after
+
+    model = _ClockedModel()
+    short = measure_cost_curve(model, max_tokens=3, reps=3, context=100, clock=model.clock)
+    assert short.seconds == pytest.approx((2.0, 3.0, 4.0))  # width + 0.01 * 100
+    assert model.tokens == []  # the load-time curve leaves the cache empty
+    context = list(range(100, 1100))
+    model.prefill(context[:600])
+    after = measure_cost_curve_after(model, context, max_tokens=3, reps=3, clock=model.clock)
+    assert after.seconds == pytest.approx((11.0, 12.0, 13.0))  # width + 0.01 * 1000
+    assert after.label == "clocked measured after 1000 tokens"
+    assert model.prefilled[-1] == 400  # the 600 cached tokens were kept
+    assert model.tokens == context  # and the cache ends holding the context
+    # relative to a decode, a verify is cheaper after a long context (the 9-token case of the 1.5B)
+    assert after.relative()[2] < short.relative()[2]
+    with pytest.raises(ValueError, match="at least one context token"):
+        measure_cost_curve_after(model, [], clock=model.clock)

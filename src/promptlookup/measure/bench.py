@@ -24,8 +24,10 @@ On llama.cpp a batched verify can round differently from one-token decodes, so a
 text may part from the plain text after some tokens (the "identical" column), and two cells then
 time two different texts: one text can be easier to copy than another. The summary therefore also
 gives each cell's **same-text replay** (:func:`replayed_speedups`): its speedup in the cost
-simulation (:mod:`promptlookup.measure.simulate`) on the plain output with the backend's cost curve,
-the comparison of sources that no text luck moves.
+simulation (:mod:`promptlookup.measure.simulate`) on the plain output, the comparison of sources
+that no text luck moves. The oracle and the replays are charged by verify costs timed on the loaded
+model after the workload's prompt and half its answer (:func:`measure_cost_curve_after`), where its
+steps ran, not by the load-time curve timed after 128 tokens.
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 
 from promptlookup.backends.base import Model, common_prefix
-from promptlookup.backends.costs import cached_cost_curve
-from promptlookup.costcurve import CostCurve
+from promptlookup.backends.costs import cached_cost_curve, measure_cost_curve_after
+from promptlookup.costcurve import CostCurve, describe
 from promptlookup.drafting.base import DraftSource, report_of
 from promptlookup.drafting.spec import OFF, SOURCES, Run, SourceSpec, SpecError, build_source
 from promptlookup.errors import UsageError
@@ -147,18 +149,11 @@ def split_requests(text: str) -> list[str]:
     return [p for p in parts if p.strip()]
 
 
-def oracle_speedup(backend: Model, requests: Sequence[Sequence[int]],
-                   outputs: Sequence[Sequence[int]]) -> float:
-    """The hindsight oracle's speedup on the last request's output, from auto's sources (having
-    seen the earlier requests) and the backend's curve: the ceiling any controller could reach on
-    this run (simulated, see promptlookup.measure.simulate)."""
-    return oracle_on(backend_run(backend), cached_cost_curve(backend), requests, outputs).speedup
-
-
 def oracle_on(run: Run, curve: CostCurve, requests: Sequence[Sequence[int]],
               outputs: Sequence[Sequence[int]]) -> SimResult:
-    """:func:`oracle_speedup`'s simulation from what a run has (no backend): ``auto``'s sources,
-    having seen the earlier requests, on the last one, charged by ``curve``."""
+    """The hindsight oracle on the last request's output, from ``auto``'s sources (having seen the
+    earlier requests), charged by ``curve``: the ceiling any controller could reach on this run
+    (simulated, see :mod:`promptlookup.measure.simulate`)."""
     from promptlookup.drafting.base import MAX_DRAFT
     from promptlookup.measure.simulate import oracle
 
@@ -170,13 +165,12 @@ def oracle_on(run: Run, curve: CostCurve, requests: Sequence[Sequence[int]],
     return oracle(requests[-1], outputs[-1], sources, MAX_DRAFT, curve)
 
 
-def replayed_speedups(backend: Model, requests: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
-                      cells: Sequence[Cell]) -> dict[str, float]:
-    """Each speculated cell's speedup on the last request, simulated on the plain ``outputs`` with
-    the backend's cost curve (:mod:`promptlookup.measure.simulate`): every source drafts the same
+def replayed_speedups(run: Run, curve: CostCurve, requests: Sequence[Sequence[int]],
+                      outputs: Sequence[Sequence[int]], cells: Sequence[Cell]) -> dict[str, float]:
+    """Each speculated cell's speedup on the last request, simulated on the plain ``outputs`` and
+    charged by ``curve`` (:mod:`promptlookup.measure.simulate`): every source drafts the same
     text, so the figures compare sources where a real run's texts may differ. A fresh source per
     cell, run over the earlier requests first as in the real run (committed between requests)."""
-    run, curve = backend_run(backend), cached_cost_curve(backend)
     out: dict[str, float] = {}
     for cell in cells:
         if cell.name == OFF or cell.name in PEERS or cell.label in out:
@@ -226,11 +220,12 @@ def run_bench(backend: Model, workloads: dict[str, list[list[int]]], cells: Sequ
               reuse_prompt: bool = False,
               llama_server: str | Path | None = None) -> tuple[list[CellRun], dict[str, float]]:
     """Run every (workload, cell) ``repeat`` times, alternating cells within each round; also return
-    each workload's oracle speedup on its first plain output. ``on_run`` is called with each run as
-    soon as it finishes (the CSV writes its row there). ``replays``, when given, is filled with each
-    (workload, cell label)'s same-text replay (:func:`replayed_speedups`; under sampling too: a
-    position's random number depends only on the seed and the position, so a draft is accepted
-    exactly where it equals the plain sampled text).
+    each workload's oracle speedup on its first plain output (charged by verify costs timed after
+    the workload's prompt and half that output, see :func:`measure_cost_curve_after`). ``on_run`` is
+    called with each run as soon as it finishes (the CSV writes its row there). ``replays``, when
+    given, is filled with each (workload, cell label)'s same-text replay (:func:`replayed_speedups`;
+    under sampling too: a position's random number depends only on the seed and the position, so a
+    draft is accepted exactly where it equals the plain sampled text).
 
     ``make_sampler`` gives each request a fresh sampler (same settings and seed for every cell, so a
     speculated cell's "identical" compares it with plain sampling at that seed); None is greedy.
@@ -294,9 +289,16 @@ def run_bench(backend: Model, workloads: dict[str, list[list[int]]], cells: Sequ
                 if on_run:
                     on_run(runs[-1])
         if reference is not None:
-            oracles[wname] = oracle_speedup(backend, requests, reference)
+            # charged as this workload's steps were: verifies timed after its prompt and half its answer
+            answer = reference[-1]
+            curve = measure_cost_curve_after(backend, [*requests[-1], *answer[:len(answer) // 2]])
+            if progress:
+                progress(f"{wname}: oracle charged by the verify costs {curve.label} "
+                         f"({describe(curve)})")
+            run = backend_run(backend)
+            oracles[wname] = oracle_on(run, curve, requests, reference).speedup
             if replays is not None:
-                for label, x in replayed_speedups(backend, requests, reference, cells).items():
+                for label, x in replayed_speedups(run, curve, requests, reference, cells).items():
                     replays[(wname, label)] = x
     return runs, oracles
 
