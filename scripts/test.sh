@@ -27,4 +27,4 @@ fi
 if [ -z "${GOMP_SPINCOUNT:-}${OMP_WAIT_POLICY:-}" ]; then
     export GOMP_SPINCOUNT=1000
 fi
-.venv/bin/python -m pytest -q "$@"
+.venv/bin/python -m pytest -q --durations=25 "$@"  # the slowest tests, named for whoever trims the run

@@ -169,6 +169,34 @@ def test_auto_cuts_sources_where_they_leave_the_grammar_and_extends_agreeing_one
     assert w.propose(8).tokens == (1, 2, 3)  # the refused draft is cut to nothing; the forced win
 
 
+def test_auto_sends_what_the_grammar_forces_after_a_sources_whole_draft_and_books_it():
+    # after 0 1 2 3 the grammar leaves a choice (4 or 6); the source guesses 4 5, then 7 7, which
+    # the grammar refuses: its draft is cut to 4 5, and what the grammar forces after them (9 9)
+    # is appended, priced as certain once 4 5 held
+    auto = _auto(Fixed([4, 5, 7, 7]))
+    g = GrammarDrafts(auto, GRAMMAR_1)
+    g.reset([0, 1, 2, 3])
+    auto.reset([0, 1, 2, 3])
+    d = g.propose(8)
+    assert d.tokens == (4, 5, 9, 9) and d.source == "fixed"
+    assert d.features[FORCED] == 0b1100  # the appended positions only
+    assert auto._chosen[0][0] == ("fixed", 2, 4)  # the kind of choice: 4 tokens sent (match 3: bucket 2)
+    g.extend([4, 5, 9, 9, 0])  # all four held (then the model's own token)
+    assert auto.calibration.realized == 4 and auto.calibration.chosen_steps == 1
+    # where the source's draft fails, nothing after it counts
+    auto = _auto(Fixed([4, 5, 7, 7]))
+    g = GrammarDrafts(auto, GRAMMAR_1)
+    g.reset([0, 1, 2, 3])
+    auto.reset([0, 1, 2, 3])
+    assert g.propose(8).tokens == (4, 5, 9, 9)
+    g.extend([4, 4])
+    assert auto.calibration.realized == 1
+    # without the grammar's word (plain propose) the same source is only cut by nothing: its own draft
+    bare = _auto(Fixed([4, 5, 7, 7]))
+    bare.reset([0, 1, 2, 3])
+    assert bare.propose(8).tokens == (4, 5, 7, 7)
+
+
 # -- llguidance's forced tokens ------------------------------------------------------------------------
 def test_the_constraint_names_forced_tokens_and_valid_prefixes():
     model = ByteModel(window=1)

@@ -131,14 +131,14 @@ class GuardedSource:
         with self._lock:
             return self.inner.propose(k)
 
-    def propose_forced(self, k: int, forced: Sequence[int], valid: Any) -> Draft | None:
+    def propose_forced(self, k: int, forced: Sequence[int], valid: Any, after: Any = None) -> Draft | None:
         """The inner source's ``propose_forced`` (``auto``'s, :mod:`promptlookup.drafting.forced`)
         under the lock; None where it has none (the grammar layer then merges a plain proposal)."""
         weigh = getattr(self.inner, "propose_forced", None)
         if weigh is None:
             return None
         with self._lock:
-            return weigh(k, forced, valid)
+            return weigh(k, forced, valid, after)
 
     def commit(self) -> None:
         with self._lock:

@@ -127,7 +127,7 @@ class DraftSource(Protocol):
     Two methods are optional, so not declared here (a fixed source has nothing to say):
     ``report() -> dict``, what the source chose so far, with a one-line ``summary``. ``auto``
     answers it (its drafted steps per source, its calibration); callers ask through
-    :func:`report_of`, never by the source's class. ``propose_forced(k, forced, valid)``: a
+    :func:`report_of`, never by the source's class. ``propose_forced(k, forced, valid, after)``: a
     proposal that weighs the tokens a grammar forces (:mod:`promptlookup.drafting.forced`, which
     asks it where the source has it; ``auto`` does)."""
 

@@ -19,7 +19,8 @@ and
   from it, so the verify would reject it there anyway, and the tokens after it only cost width.
 
 A source that can weigh the forced tokens itself (``auto``: it prices them as certain when it
-decides the draft's length) offers ``propose_forced(k, forced, valid)``; it is asked that instead.
+decides the draft's length, and what the grammar forces after a source's draft as certain once that
+draft held) offers ``propose_forced(k, forced, valid, after)``; it is asked that instead.
 
 Exactness is untouched: a draft is only ever a guess that the loop verifies (grammar drafts are
 accepted because the model's masked choice equals them, never on trust). The count of accepted
@@ -88,14 +89,18 @@ class GrammarDrafts:
     def _valid(self, draft: Sequence[int]) -> int:
         return self.grammar.valid(self._tokens, draft)
 
+    def _forced_after(self, draft: Sequence[int], limit: int) -> list[int]:
+        return self.grammar.forced([*self._tokens, *draft], limit)
+
     def propose(self, k: int) -> Draft:
         forced = self.grammar.forced(self._tokens, k)
         weigh: Callable[..., Draft | None] | None = getattr(self.inner, "propose_forced", None)
-        d = weigh(k, forced, self._valid) if weigh is not None else None
+        d = weigh(k, forced, self._valid, self._forced_after) if weigh is not None else None
         if d is not None:  # the source priced the forced tokens itself (auto): its length stands
             tokens = tuple(d.tokens[:k])
             tokens = tokens[: self._valid(tokens)]
-            mask = (1 << common(forced, tokens)) - 1
+            mask = ((1 << common(forced, tokens)) - 1) | int(d.features.get(FORCED, 0))
+            mask &= (1 << len(tokens)) - 1
             source = d.source
         else:
             d = self.inner.propose(k)

@@ -25,7 +25,7 @@ from typing import Any
 from promptlookup.drafting.auto.acceptance import AcceptanceModel, match_bucket
 from promptlookup.drafting.auto.timing import StepTimes
 from promptlookup.drafting.base import Draft, DraftSource, StepFeedback
-from promptlookup.drafting.forced import GRAMMAR
+from promptlookup.drafting.forced import FORCED, GRAMMAR, common
 
 HALF_LIFE = 128.0  # steps after which a realized outcome weighs half: choices are re-judged as things drift
 CALIBRATION_STRENGTH = 4.0  # predicted accepted tokens at the prior ratio in a realized/predicted ratio
@@ -138,8 +138,9 @@ class AutoDrafter:
         self._stream: list[int] = []
         self._told = [0] * len(self.sources)  # tokens of the stream each source has been told
         self._pending: list[_Pending] = []
-        # start of the step -> (kind of choice: source, bucket, tokens sent; predicted accepted tokens)
-        self._chosen: dict[int, tuple[tuple[str, int, int], float]] = {}
+        # start of the step -> (kind of choice: source, bucket, tokens sent; predicted accepted tokens;
+        # the forced tokens sent after the source's draft)
+        self._chosen: dict[int, tuple[tuple[str, int, int], float, tuple[int, ...]]] = {}
 
     def reset(self, prompt: Sequence[int]) -> None:
         """A new request: the sources restart; what was learned about time stays, and what was
@@ -199,8 +200,13 @@ class AutoDrafter:
             chosen = self._chosen.get(pend.start)
             if chosen is not None and chosen[0][0] == pend.draft.source:
                 del self._chosen[pend.start]
-                key, predicted = chosen
-                accepted = min(m, key[2])
+                key, predicted, ext = chosen
+                accepted = min(m, key[2] - len(ext))
+                if ext and accepted == len(toks):  # the source's draft held: then the forced tokens
+                    at = pend.start + accepted
+                    while accepted < key[2] and at < n and ext[accepted - len(toks)] == self._stream[at]:
+                        accepted += 1
+                        at += 1
                 self.calibration.predicted += predicted
                 self.calibration.realized += accepted
                 # the realized/predicted ratios that correct the winner's curse (known from the
@@ -272,20 +278,27 @@ class AutoDrafter:
         return self._idle[i] < IDLE_AFTER or (self._step + i) % PROBE_EVERY == 0
 
     def propose(self, k: int) -> Draft:
-        return self._propose(k, (), None)
+        return self._propose(k, (), None, None)
 
-    def propose_forced(self, k: int, forced: Sequence[int],
-                       valid: Callable[[Sequence[int]], int]) -> Draft:
+    def propose_forced(self, k: int, forced: Sequence[int], valid: Callable[[Sequence[int]], int],
+                       after: Callable[[Sequence[int], int], Sequence[int]] | None = None) -> Draft:
         """:meth:`propose` under a grammar (:mod:`promptlookup.drafting.forced`): ``forced`` are
         the tokens it forces next, priced as certain (acceptance 1, scaled only by what drafts of
         them realized: a forced token in the tokenizer's own tokenization is the masked choice
         unless the model picks another tokenization of the same bytes); a source's draft that
         begins with them is priced as certain up to there and by the acceptance model after. Every
-        source's draft is first cut where ``valid`` says it leaves the grammar."""
-        return self._propose(k, tuple(int(t) for t in forced), valid)
+        source's draft is first cut where ``valid`` says it leaves the grammar.
 
-    def _propose(self, k: int, forced: tuple[int, ...],
-                 valid: Callable[[Sequence[int]], int] | None) -> Draft:
+        ``after(draft, limit)``: the tokens the grammar forces once ``draft`` is written. A
+        source's whole draft is offered with them appended, priced as certain once the draft has
+        held: where nothing is forced (JSON's optional whitespace leaves the quote before a
+        property name to the model) a source that guesses the model's ``, "`` is followed by the
+        property name and ``":`` the grammar then forces. The draft's :data:`FORCED` feature marks
+        those appended positions."""
+        return self._propose(k, tuple(int(t) for t in forced), valid, after)
+
+    def _propose(self, k: int, forced: tuple[int, ...], valid: Callable[[Sequence[int]], int] | None,
+                 after: Callable[[Sequence[int], int], Sequence[int]] | None) -> Draft:
         start = len(self._stream)
         self._step += 1
         self._since_plain += 1
@@ -294,6 +307,7 @@ class AutoDrafter:
         plain = self.plain_rate() * (1.0 + self.margin)
         best: Draft | None = None
         best_i, best_k, best_rate, best_pred = -1, 0, plain, 0.0
+        best_ext: tuple[int, ...] = ()  # forced tokens appended after the best source's whole draft
         depth = min(k, self.max_draft)
         f = min(len(forced), depth)
         if f:  # the grammar's forced tokens: accepted by construction, priced so
@@ -322,20 +336,23 @@ class AutoDrafter:
             top = min(len(d.tokens), depth)
             ratio = self.source_ratio(d.source)
             bucket = match_bucket(d.match_len)
-            if f and top > f and d.tokens[:f] == forced[:f]:
-                # the forced tokens, then this source's continuation: certain up to f, modelled after
-                e = self.model.expected(d.source, d.match_len, top - f)
-                for kk in range(f + 1, top + 1):
-                    pred = f + e[kk - f] - 1.0
-                    r = self.rate(d.source, d.match_len, kk, 1.0 + pred, ratio, bucket)
-                    if r > best_rate + 1e-12:
-                        best, best_i, best_k, best_rate, best_pred = d, i, kk, r, pred
-                continue
-            e = self.model.expected(d.source, d.match_len, top)
-            for kk in range(1, top + 1):
-                r = self.rate(d.source, d.match_len, kk, e[kk], ratio, bucket)
+            # certain up to ``lead`` (the forced tokens it begins with), modelled after
+            lead = f if f and top > f and d.tokens[:f] == forced[:f] else 0
+            e = self.model.expected(d.source, d.match_len, top - lead)
+            for kk in range(lead + 1, top + 1):
+                pred = lead + e[kk - lead] - 1.0
+                r = self.rate(d.source, d.match_len, kk, 1.0 + pred, ratio, bucket)
                 if r > best_rate + 1e-12:
-                    best, best_i, best_k, best_rate, best_pred = d, i, kk, r, e[kk] - 1.0
+                    best, best_i, best_k, best_rate, best_pred, best_ext = d, i, kk, r, pred, ()
+            ext: tuple[int, ...] = ()
+            if after is not None and top == len(d.tokens) < depth:
+                ext = tuple(int(t) for t in after(d.tokens, depth - top))
+            if ext:  # the whole draft, then what the grammar forces after it: certain once it held
+                held = e[top - lead] - e[top - lead - 1]  # the chance that all of the draft holds
+                pred = lead + e[top - lead] - 1.0 + held * len(ext)
+                r = self.rate(d.source, d.match_len, top + len(ext), 1.0 + pred, ratio, bucket)
+                if r > best_rate + 1e-12:
+                    best, best_i, best_k, best_rate, best_pred, best_ext = d, i, top + len(ext), r, pred, ext
         if best_i >= 0:
             self._idle[best_i] = 0
         if best is not None and self._plain_due(best_rate / plain):
@@ -347,12 +364,17 @@ class AutoDrafter:
             return Draft(source=self.name)
         # One chosen draft per step; the pending entry of that source carries the outcome.
         key = (best.source, match_bucket(best.match_len), best_k)
-        self._chosen[start] = (key, best_pred)
+        self._chosen[start] = (key, best_pred, best_ext)
         self._last = _Choice(key)
         cal.chosen_steps += 1
         cal.per_source[best.source] = cal.per_source.get(best.source, 0) + 1
-        return Draft(tokens=best.tokens[:best_k], source=best.source, match_len=best.match_len,
-                     features={**best.features, "expected_tokens": best_pred + 1.0, "rate": best_rate})
+        features = {**best.features, "expected_tokens": best_pred + 1.0, "rate": best_rate}
+        if best_ext:
+            own = best_k - len(best_ext)
+            lead_mask = (1 << common(forced, best.tokens)) - 1
+            features[FORCED] = float((((1 << len(best_ext)) - 1) << own) | lead_mask)
+        return Draft(tokens=(*best.tokens[:best_k - len(best_ext)], *best_ext), source=best.source,
+                     match_len=best.match_len, features=features)
 
     def feedback(self, step: StepFeedback) -> None:
         """The step after :meth:`propose` took ``step.verify_s + step.draft_s`` seconds and confirmed
