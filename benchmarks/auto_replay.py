@@ -84,9 +84,8 @@ def plain_outputs(model: str, files: list[Path], n: int, n_ctx: int, threads: in
                 outputs.append(list(generate(backend, prompt, n, sampler=sampler).tokens))
             item = out["items"][f.stem] = {"requests": requests, "outputs": outputs}
         if "curve_after" not in item:
-            answer = item["outputs"][-1]
             item["curve_after"] = list(measure_cost_curve_after(
-                backend, [*item["requests"][-1], *answer[:len(answer) // 2]]).seconds)
+                backend, bench.steps_context(item["requests"], item["outputs"])).seconds)
         print(f"auto_replay: {label(model)} [{i + 1}/{len(files)}] {f.stem}: "
               f"{sum(map(len, item['outputs']))} tokens, curve after the prompt, "
               f"{time.perf_counter() - t0:.1f} s", file=sys.stderr)

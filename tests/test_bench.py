@@ -228,3 +228,10 @@ def test_interrupted_bench_keeps_its_rows(capsys, monkeypatch, tmp_path):
     rows = list(csv.DictReader(io.StringIO(out_csv.read_text())))
     assert [(r["cell"], r["effective_tps"]) for r in rows] == [("off", "100.0"), ("ngram", "200.0")]
     assert "| w | ngram | 200.00 | 2.00x | 2.000x | 2.000-2.000 (n=1) | - | 100.00-100.00 |" in out
+
+
+def test_the_oracle_curve_is_timed_after_the_last_prompt_and_half_its_answer():
+    from promptlookup.measure.bench import steps_context
+
+    assert steps_context([[1, 2], [3]], [[9], [4, 5, 6, 7, 8]]) == [3, 4, 5]
+    assert steps_context([[1]], [[]]) == [1]

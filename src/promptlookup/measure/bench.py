@@ -149,6 +149,13 @@ def split_requests(text: str) -> list[str]:
     return [p for p in parts if p.strip()]
 
 
+def steps_context(requests: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]]) -> list[int]:
+    """Where a workload's steps ran, on average: its last prompt and the first half of that answer
+    (the context the oracle's verify costs are timed after, :func:`measure_cost_curve_after`)."""
+    answer = outputs[-1]
+    return [*requests[-1], *answer[:len(answer) // 2]]
+
+
 def oracle_on(run: Run, curve: CostCurve, requests: Sequence[Sequence[int]],
               outputs: Sequence[Sequence[int]]) -> SimResult:
     """The hindsight oracle on the last request's output, from ``auto``'s sources (having seen the
@@ -290,8 +297,7 @@ def run_bench(backend: Model, workloads: dict[str, list[list[int]]], cells: Sequ
                     on_run(runs[-1])
         if reference is not None:
             # charged as this workload's steps were: verifies timed after its prompt and half its answer
-            answer = reference[-1]
-            curve = measure_cost_curve_after(backend, [*requests[-1], *answer[:len(answer) // 2]])
+            curve = measure_cost_curve_after(backend, steps_context(requests, reference))
             if progress:
                 progress(f"{wname}: oracle charged by the verify costs {curve.label} "
                          f"({describe(curve)})")
