@@ -129,11 +129,11 @@ def main() -> int:
             speeds: dict[str, list[float]] = {c: [] for c in cells}
             costs = {c: 0.0 for c in cells}
             oracle_cost = 0.0
+            # "after prompt": each item charged as live, by its curve after its prompt, with auto
+            # starting from the load-time curve, as it does live
+            run = Run(data["n_vocab"], lambda: "replay", cost_curve=lambda c=given or own: c)
             for name, item in data["items"].items():
-                # "after prompt": charged as live, by the item's curve after its prompt, with auto
-                # starting from the load-time curve, as it does live
                 curve = given or CostCurve(tuple(item["curve_after"]))
-                run = Run(data["n_vocab"], lambda: "replay", cost_curve=lambda c=given or own: c)
                 orc = bench.oracle_on(run, curve, item["requests"], item["outputs"])
                 oracle_cost += orc.cost
                 row = [label(model), cname, name, f"{orc.speedup:.3f}x"]

@@ -25,7 +25,7 @@ from typing import Any
 from promptlookup.drafting.auto.acceptance import AcceptanceModel, match_bucket
 from promptlookup.drafting.auto.timing import StepTimes
 from promptlookup.drafting.base import Draft, DraftSource, StepFeedback
-from promptlookup.drafting.forced import FORCED, GRAMMAR, common
+from promptlookup.drafting.forced import FORCED, GRAMMAR
 
 HALF_LIFE = 128.0  # steps after which a realized outcome weighs half: choices are re-judged as things drift
 CALIBRATION_STRENGTH = 4.0  # predicted accepted tokens at the prior ratio in a realized/predicted ratio
@@ -369,10 +369,8 @@ class AutoDrafter:
         cal.chosen_steps += 1
         cal.per_source[best.source] = cal.per_source.get(best.source, 0) + 1
         features = {**best.features, "expected_tokens": best_pred + 1.0, "rate": best_rate}
-        if best_ext:
-            own = best_k - len(best_ext)
-            lead_mask = (1 << common(forced, best.tokens)) - 1
-            features[FORCED] = float((((1 << len(best_ext)) - 1) << own) | lead_mask)
+        if best_ext:  # the appended positions (the grammar layer adds the forced tokens it began with)
+            features[FORCED] = float(((1 << len(best_ext)) - 1) << (best_k - len(best_ext)))
         return Draft(tokens=(*best.tokens[:best_k - len(best_ext)], *best_ext), source=best.source,
                      match_len=best.match_len, features=features)
 
