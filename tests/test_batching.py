@@ -377,6 +377,45 @@ def test_only_a_request_that_drafts_asks_the_batch_for_a_draft_cap(speculate):
     assert asked == [] if speculate == "off" else len(asked) > 10
 
 
+def test_the_pricing_learns_what_each_loop_counted_and_nothing_else():
+    """The acceptance the batch pricing learns is what each request's loop counted (drafted and
+    accepted tokens per verify, told through ``SlotDecoder.settled``): the sums equal the requests'
+    own counters, and a round's forward alone teaches it nothing."""
+    engine, _ = batch_engine(2, "ngram", gather=2)
+    pricing = engine.scheduler.pricing
+    assert pricing is not None
+    engine.scheduler.draft_cap = lambda seq: None  # drafts uncapped: every verify carries one
+    told: dict[int, list[tuple[int, int]]] = {0: [], 1: []}
+    observe = pricing.observe
+    pricing.observe = lambda seq, d, a: told[seq].append((d, a)) or observe(seq, d, a)
+    done: list = [None, None]
+    start = threading.Barrier(2)
+
+    def work(i: int) -> None:
+        start.wait()
+        done[i] = engine.generate(PROMPTS[i], max_tokens=40)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    got = sorted((sum(d for d, _ in v), sum(a for _, a in v)) for v in told.values())
+    want = sorted((c.counters.drafted_tokens, c.counters.accepted_tokens) for c in done)
+    assert got == want and all(a > 0 for _, a in want)
+    assert all(d >= 1 and 0 <= a <= d for v in told.values() for d, a in v)
+    steps_drafted = sorted(len(v) for v in told.values())
+    assert steps_drafted == sorted(c.counters.drafted_steps for c in done)
+    told[0].clear()
+    decoder = SlotDecoder(engine.scheduler, 0)
+    engine.scheduler.open(0)
+    decoder.prefill(list(b"abab"))
+    decoder.verify([ord("a"), ord("b"), ord("a")])  # a verify outside a loop: nobody settles it
+    engine.scheduler.close(0)
+    assert told[0] == []
+    engine.close()
+
+
 # -- pricing -----------------------------------------------------------------------------------------
 def test_expected_confirmed_tokens_of_a_draft():
     assert expected_confirmed(0.5, 0) == 1.0
@@ -516,7 +555,7 @@ def test_the_scheduler_prices_a_draft_against_the_parts_waiting_for_the_round():
     model = BatchByteModel(n_seq=2)
     sched = Scheduler(model, cost=linear_cost, clock=lambda: 0.0)  # rounds take no time: costs stay the prior
     assert sched.pricing is not None
-    sched.pricing.rate = lambda seq: 0.5  # held (the verify below would move it)
+    assert sched.pricing.rate(0) == sched.pricing.rate(1) == 0.5  # nothing settled: the starting rate
     sched.open(0)
     sched.open(1)
     assert sched.draft_cap(0) == 0  # 1 has fed nothing yet: one token is the guess

@@ -491,7 +491,8 @@ class Engine:
         cached = keep
         keep, ahead_s, ended_by = _read_prompt_ahead(decoder, ids, keep, opts.cancelled, deadline)
         if ended_by is None:
-            loop = steps(decoder, ids, opts.max_tokens, drafter, spec.draft, sampler, keep, draft_limit=limit)
+            loop = steps(decoder, ids, opts.max_tokens, drafter, spec.draft, sampler, keep, draft_limit=limit,
+                         settled=None if limit is None else decoder.settled)
         else:  # cancelled or out of time while reading the prompt: no token
             name = getattr(drafter, "name", "off")
             none = Counters(source=name, draft_max=spec.draft, prompt_tokens=len(ids))

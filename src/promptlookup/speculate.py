@@ -86,6 +86,7 @@ def steps(
     verify_seconds: Callable[[int], float] | None = None,
     clock: Callable[[], float] = time.perf_counter,
     draft_limit: Callable[[], int | None] | None = None,
+    settled: Callable[[int, int], None] | None = None,
 ) -> Generator[list[int], bool | None, Generation]:
     """The loop as a generator: yields each step's confirmed tokens (the first one after the
     prefill, then one to ``draft + 1`` per verify) and returns the :class:`Generation`. Sending True
@@ -94,7 +95,10 @@ def steps(
 
     ``draft_limit``, asked before each step, caps that step's draft (None: no cap); under continuous
     batching it is the batch's price of a drafted token (:mod:`promptlookup.batching.pricing`). A cap
-    of 0 makes the step a plain decode without asking the source."""
+    of 0 makes the step a plain decode without asking the source. ``settled(drafted, accepted)`` is
+    told, after each verify that carried a draft, how many drafted tokens it fed and how many of them
+    the model kept: the batch pricing learns each sequence's acceptance from it (the count is made
+    here, once, where the draft and the model's tokens meet)."""
     source = source or NoDraft()
     if not prompt:
         raise ValueError("the prompt is empty: at least one token is needed to start decoding")
@@ -171,6 +175,8 @@ def steps(
             forced = proposal.features.get(FORCED) if proposal is not None else None
             if forced:  # accepted tokens that the grammar forced (drafting.forced)
                 c.grammar_tokens += forced_count(forced, accepted)
+            if settled is not None:
+                settled(len(drafted), accepted)
             t0 = perf()
             backend.rollback(n_before + 1 + accepted)
             rollback_s = perf() - t0  # part of what drafting cost: charged with the verify

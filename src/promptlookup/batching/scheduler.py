@@ -13,7 +13,8 @@ One thread of the scheduler's own runs every forward (``decode_many``) and hands
 every part its result; a new request joins at the next round. (A thread of its own rather than
 whichever request completed the round: no request's thread is held up by a forward it merely
 completed, and the forwards come from one place, as llama.cpp's OpenMP build prefers:
-:mod:`promptlookup.backends.compute_thread`.)
+:mod:`promptlookup.backends.compute_thread`.) What a verify accepted is counted by the request's own
+loop, which tells the scheduler (:meth:`Scheduler.settled`): the pricing learns acceptance from that.
 
 Prompts are split into chunks of at most ``prefill_chunk`` tokens, one chunk per round, so a long
 prompt costs the running sequences one chunk's time per round instead of the whole prompt's.
@@ -256,13 +257,6 @@ class Scheduler:
         if self.pricing is not None:
             layout = tuple(sorted((p.seq, len(p.ids)) for p in parts))
             self.pricing.cost.observe(self.backend.forward_sizes(layout), seconds)
-            for p, r in zip(parts, results, strict=True):
-                drafted = len(p.ids) - 1
-                if p.want == "all" and drafted > 0:
-                    accepted = 0
-                    while accepted < drafted and accepted < len(r) and r[accepted] == p.ids[accepted + 1]:
-                        accepted += 1
-                    self.pricing.observe(p.seq, drafted, accepted)
 
     def rollback(self, seq: int, n_keep: int) -> None:
         """Drop ``seq``'s cached positions from ``n_keep`` on, never while a round runs (rounds run
@@ -336,6 +330,16 @@ class Scheduler:
                 if dst in self._running:
                     self._busy.add(dst)
             return self._copy_held(src, dst, ids, more_than)
+
+    def settled(self, seq: int, drafted: int, accepted: int) -> None:
+        """``seq``'s last verify fed ``drafted`` drafted tokens and the model kept ``accepted`` of them
+        (told by its loop, which compared them: :func:`promptlookup.speculate.steps`): the pricing
+        learns the sequence's acceptance from it."""
+        if self.pricing is None:
+            return
+        with self._cv:
+            if seq in self._running:
+                self.pricing.observe(seq, drafted, accepted)
 
     def draft_cap(self, seq: int) -> int | None:
         """How many tokens ``seq`` may draft for the next round (None: no cap, no other sequence
@@ -414,3 +418,6 @@ class SlotDecoder:
 
     def draft_cap(self) -> int | None:
         return self.scheduler.draft_cap(self.seq)
+
+    def settled(self, drafted: int, accepted: int) -> None:
+        self.scheduler.settled(self.seq, drafted, accepted)
