@@ -150,3 +150,41 @@ def test_context_limit_stops_generation():
     assert got.stopped_by == "context"
     assert model.n_past <= 10
     assert got.tokens == plain_greedy(model, [1, 2, 3], len(got.tokens))
+
+
+def test_the_loop_yields_its_forwards_and_a_driver_that_times_them_is_believed():
+    """``step_ops`` never decodes: it yields each forward (the prefill, then one verify a step) and is
+    sent the model's tokens. Driven by hand, with a driver that times each forward itself (as an
+    engine loop times a round), the output is ``generate``'s, the counters hold the driver's seconds
+    exactly, and the source's feedback is told them (drafting measured on a clock that never moves)."""
+    from promptlookup.speculate import Forward, step_ops
+
+    class Told(OracleDrafts):
+        def __init__(self, model):
+            super().__init__(model)
+            self.steps = []
+
+        def feedback(self, step):
+            self.steps.append(step)
+
+    model = FakeModel()
+    want = generate(FakeModel(), [1, 2, 3], 13, source=OracleDrafts(FakeModel()), draft=3)
+    source = Told(model)
+    ops = step_ops(model, [1, 2, 3], 13, source, draft=3, clock=lambda: 0.0)
+    kinds, tokens = [], []
+    try:
+        item = next(ops)
+        while True:
+            if isinstance(item, Forward):
+                kinds.append((item.kind, len(item.ids)))
+                item.seconds = 0.25 * len(item.ids)  # what the driver measured
+                item = ops.send(item.run(model))
+            else:
+                tokens.extend(item)
+                item = ops.send(False)
+    except StopIteration as done:
+        gen = done.value
+    assert gen.tokens == tokens == want.tokens
+    assert kinds == [("prefill", 3), ("verify", 4), ("verify", 4), ("verify", 4)]
+    assert gen.counters.prefill_s == 0.75 and gen.counters.decode_s == 3.0
+    assert [(s.fed, s.confirmed, s.verify_s) for s in source.steps] == [(4, 4, 1.0)] * 3

@@ -11,6 +11,12 @@ exactly a plain decode, same batch, no rollback.
 After every step it asked the source for, the loop tells the source what that step cost in seconds
 and how many tokens it confirmed (:class:`~promptlookup.drafting.base.StepFeedback`): the measured
 time is what decides whether drafting paid, and only the loop sees it.
+
+The loop itself (:func:`step_ops`) never calls a forward: it yields each one as a :class:`Forward`
+and is sent the model's tokens back. Whoever drives it runs the forward: :func:`steps` on the
+decoder it was given, at once (one sequence), or an engine loop in a round with other sequences'
+forwards, many loops advanced by one thread. Everything else (drafting, the accept rule, rollback,
+the counters) is the same code either way.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from promptlookup.backends.base import Decoder
 from promptlookup.drafting.base import MAX_DRAFT, DraftSource, NoDraft, StepFeedback
@@ -25,6 +32,29 @@ from promptlookup.drafting.forced import FORCED, forced_count
 from promptlookup.errors import check_prompt_fits
 from promptlookup.sampling import Sampler, TokenLogprob
 from promptlookup.telemetry import Counters, ResourceProbe
+
+
+@dataclass(eq=False)
+class Forward:
+    """A forward the loop needs, yielded by :func:`step_ops` (the driver sends back its result).
+
+    ``kind``: ``"prefill"`` -- the prompt ``ids`` on a cache holding ``ids[:keep]``, the model's
+    choice after the last one (a one-token list); ``"verify"`` -- ``ids`` at the next positions, the
+    choice after each (:meth:`~promptlookup.backends.base.Decoder.verify`). ``seconds``: set by a
+    driver that timed the forward itself (a batch's round, where the loop's own wait would include
+    other sequences' work); None: the loop times the span it was suspended."""
+
+    kind: str
+    ids: list[int]
+    sampler: Sampler | None = None
+    keep: int = 0
+    seconds: float | None = None
+
+    def run(self, decoder: Decoder) -> list[int]:
+        """This forward on ``decoder`` (the one-sequence driver)."""
+        if self.kind == "prefill":
+            return [decoder.prefill(self.ids, self.sampler, self.keep)]
+        return decoder.verify(self.ids, self.sampler)
 
 
 @dataclass
@@ -91,7 +121,39 @@ def steps(
     """The loop as a generator: yields each step's confirmed tokens (the first one after the
     prefill, then one to ``draft + 1`` per verify) and returns the :class:`Generation`. Sending True
     ends it after the tokens just yielded; time the consumer spends is outside every timed span.
-    Streaming consumers (the public API, the server) drive it directly.
+    Streaming consumers (the public API, the server) drive it directly. It runs :func:`step_ops`,
+    each forward on ``backend`` as it comes; the arguments are :func:`step_ops`'s.
+    """
+    ops = step_ops(backend, prompt, max_tokens, source, draft, sampler, keep, verify_seconds, clock,
+                   draft_limit, settled)
+    try:
+        item = next(ops)
+        while True:  # a forward runs here, on the decoder; tokens go out and the consumer's answer back
+            reply = item.run(backend) if isinstance(item, Forward) else (yield item)
+            item = ops.send(reply)
+    except StopIteration as done:
+        return done.value
+    finally:
+        ops.close()
+
+
+def step_ops(
+    backend: Decoder,
+    prompt: Sequence[int],
+    max_tokens: int,
+    source: DraftSource | None = None,
+    draft: int = 3,
+    sampler: Sampler | None = None,
+    keep: int = 0,
+    verify_seconds: Callable[[int], float] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+    draft_limit: Callable[[], int | None] | None = None,
+    settled: Callable[[int, int], None] | None = None,
+) -> Generator[Forward | list[int], Any, Generation]:
+    """The loop, with its forwards yielded rather than run: yields a :class:`Forward` (send back its
+    result: the model's tokens) or a step's confirmed tokens (send back True to end there), and
+    returns the :class:`Generation`. ``backend`` is read (``n_ctx``, ``n_past``, ``is_eog``) and
+    rolled back, never decoded on here.
 
     ``draft_limit``, asked before each step, caps that step's draft (None: no cap); under continuous
     batching it is the batch's price of a drafted token (:mod:`promptlookup.batching.pricing`). A cap
@@ -119,8 +181,9 @@ def steps(
     if sampler is not None:
         sampler.reset(len(prompt))  # a grammar constrains the positions from here on
     t0 = perf()
-    pending = backend.prefill(prompt, sampler, keep)
-    c.prefill_s = perf() - t0
+    op = Forward("prefill", list(prompt), sampler, keep)
+    pending = (yield op)[0]
+    c.prefill_s = op.seconds if op.seconds is not None else perf() - t0
     out = [pending]
     stopped_by = "max_tokens"
     stop = yield [pending]
@@ -152,8 +215,9 @@ def steps(
 
         n_before = backend.n_past
         t0 = perf()
-        chosen = backend.verify([pending, *drafted], sampler)
-        verify_s = perf() - t0
+        op = Forward("verify", [pending, *drafted], sampler)
+        chosen = yield op
+        verify_s = op.seconds if op.seconds is not None else perf() - t0
         c.decode_s += verify_s
         c.decodes += 1
 
