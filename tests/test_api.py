@@ -267,9 +267,9 @@ def test_cancel_and_timeout_end_a_generation():
 
 
 def test_a_long_prompt_alone_is_read_n_batch_tokens_a_call_and_can_be_left_between_calls():
-    """A model that batches (n_batch 32) alone on the engine: a 90-token prompt is read in calls of
-    32 from the start (the calls its own prefill would make), the loop's prefill reads the last 26;
-    a cancel between calls ends the request with no token, and what was read stays for the next."""
+    """A model that batches (n_batch 32) alone on the engine: a 90-token prompt is read in rounds of
+    32 from the start (the calls its own prefill would make), the last 26 with the first token;
+    a cancel between rounds ends the request with no token, and what was read stays for the next."""
     from fakes import BatchByteModel
 
     prompt = "the quick brown fox jumps over the lazy dog; " * 2  # 90 bytes, 90 ids
@@ -277,7 +277,7 @@ def test_a_long_prompt_alone_is_read_n_batch_tokens_a_call_and_can_be_left_betwe
     model = BatchByteModel(n_seq=1, n_batch=32, eos=False)
     e = Engine.from_backend(model, speculate="suffix")
     c = e.generate(prompt, max_tokens=12)
-    assert model.prefills == [(32, 0), (64, 32), (90, 64)]  # (prompt length, positions kept)
+    assert model.rounds[:3] == [[(0, 32, "none")], [(0, 32, "none")], [(0, 26, "last")]]
     assert c.tokens == one_call.tokens and c.cached_tokens == 0 and c.counters.cached_tokens == 0
 
     model = BatchByteModel(n_seq=1, n_batch=32, eos=False)
@@ -285,11 +285,11 @@ def test_a_long_prompt_alone_is_read_n_batch_tokens_a_call_and_can_be_left_betwe
     asked = []
     c = e.generate(prompt, max_tokens=12, cancelled=lambda: len(asked.append(1) or asked) >= 2)
     assert (c.tokens, c.text, c.stopped_by, c.finish_reason) == ([], "", "cancelled", "length")
-    assert model.prefills == [(32, 0)] and list(model.tokens) == list(prompt.encode())[:32]
+    assert model.rounds == [[(0, 32, "none")]] and model.seq_tokens(0) == list(prompt.encode())[:32]
     assert e.history.n_tokens == 0  # a request that wrote nothing does not join the history
     again = e.generate(prompt, max_tokens=12)
     assert again.tokens == one_call.tokens and again.cached_tokens == 32
-    assert model.prefills[1:] == [(64, 32), (90, 64)]
+    assert model.rounds[1:3] == [[(0, 32, "none")], [(0, 26, "last")]]
 
 
 @requires_model

@@ -1,7 +1,7 @@
-"""Continuous batching on a test double whose batched logits equal single ones (tests/fakes.py
-BatchByteModel): every request's tokens under any concurrency equal its tokens alone, rounds really
-batch, prompts are read in chunks beside running requests, a request that ends or fails frees its
-sequence at once, and the draft pricing caps drafts as the batch fills."""
+"""The engine loop and continuous batching on a test double whose batched logits equal single ones
+(tests/fakes.py BatchByteModel): every request's tokens under any concurrency equal its tokens alone,
+rounds really batch, prompts are read in chunks beside running requests, a request that ends or fails
+frees its sequence at once, and the draft pricing caps drafts as the batch fills."""
 
 from __future__ import annotations
 
@@ -15,12 +15,13 @@ from hypothesis import strategies as st
 from serving import wait_until
 
 from promptlookup import Engine
-from promptlookup.backends.base import BackendError, SeqDecode
-from promptlookup.batching.pool import Slot, SlotPool
+from promptlookup.backends.base import BackendError
+from promptlookup.batching import prefix
+from promptlookup.batching.engine_loop import EngineLoop, NeedSlot, Request, Started
+from promptlookup.batching.pool import SeqView, Slot, SlotPool
 from promptlookup.batching.pricing import BatchCost, DraftPricing, expected_confirmed
-from promptlookup.batching.scheduler import Scheduler, SlotDecoder
 from promptlookup.errors import UsageError
-from promptlookup.speculate import steps
+from promptlookup.speculate import Forward, steps
 
 CURVE = Path(__file__).resolve().parents[1] / "benchmarks" / "curves" / "smollm2-q4_1-cpu2.json"
 PROMPTS = [
@@ -72,14 +73,16 @@ def run_together(engine: Engine, jobs: list[tuple[str, dict]]) -> list[list[int]
 def batch_engine(n_seq: int = 4, speculate: str = "ngram", gather: int = 0,
                  **kwargs) -> tuple[Engine, BatchByteModel]:
     """An engine of ``n_seq`` slots on the batching double; with ``gather``, its first forward waits
-    until that many requests run, so that they share forwards however the threads are scheduled."""
+    until that many requests were handed to the loop, so that they share forwards however the threads
+    are scheduled."""
     model = BatchByteModel(n_seq=n_seq)
     engine = Engine.from_backend(model, speculate=speculate, parallel=n_seq, cost_curve=CURVE, **kwargs)
     if gather:
         def on_round(n: int) -> None:
             if n == 0:
                 # up to 60 s for the other threads to start their requests
-                wait_until(lambda: engine.scheduler.running >= gather, timeout=60, every=0.001)
+                wait_until(lambda: engine.loop.running + engine.loop.waiting >= gather, timeout=60,
+                           every=0.001)
 
         model.on_round = on_round
     return engine, model
@@ -225,7 +228,7 @@ def test_a_cancelled_request_frees_its_sequence_and_the_others_finish_exactly():
     got = run_together(engine, jobs)
     assert got[0] == alone(PROMPTS[0]) and got[2] == alone(PROMPTS[3])
     assert len(got[1]) < 40
-    assert engine.scheduler.running == 0 and engine._pool.busy == 0  # noqa: SLF001
+    assert engine.loop.running == 0 and engine.loop.pool.busy == 0
 
 
 def test_a_refused_part_fails_its_request_only():
@@ -268,25 +271,18 @@ def test_a_consumer_holding_a_chunk_does_not_stall_the_batch():
     assert tokens == alone(PROMPTS[0], "off")
 
 
-def test_scheduler_refuses_what_it_cannot_do():
+def test_every_forward_runs_on_the_compute_thread_and_a_closed_engine_refuses():
     model = BatchByteModel(n_seq=2)
-    sched = Scheduler(model)
-    with pytest.raises(BackendError, match="sequence 5 is outside 0..1"):
-        sched.open(5)
-    with pytest.raises(BackendError, match="sequence 0 has no request running"):
-        sched.decode(SeqDecode(0, [1, 2], "last"))
-    sched.open(0)
-    with pytest.raises(BackendError, match="sequence 0 already runs a request"):
-        sched.open(0)
-    assert SlotDecoder(sched, 0).prefill([104, 105]) == alone_next([104, 105])
-    forward = sched._thread  # noqa: SLF001 - the one thread every forward runs on
-    assert forward is not None and forward.name == "promptlookup-forward"
-    sched.stop()
-    assert not forward.is_alive()
+    threads: set[str] = set()
+    model.on_round = lambda n: threads.add(threading.current_thread().name)
+    engine = Engine.from_backend(model, speculate="off", parallel=2, cost_curve=CURVE)
+    assert engine.generate(PROMPTS[0], max_tokens=5).tokens == alone(PROMPTS[0], "off", max_tokens=5)
+    assert threads == {"promptlookup-compute"}
+    engine.close()
     with pytest.raises(BackendError, match="the engine is closed"):
-        SlotDecoder(sched, 0).verify([106])
+        engine.generate(PROMPTS[0], max_tokens=5)
     with pytest.raises(ValueError, match="prefill_chunk must be at least 1"):
-        Scheduler(model, prefill_chunk=0)
+        EngineLoop(model, [Slot(0, SeqView(model, 0))], prefill_chunk=0)
 
 
 def alone_next(ids: list[int]) -> int:
@@ -308,20 +304,20 @@ def test_a_request_takes_the_free_slot_with_its_prompt_cached_else_an_empty_or_t
     a, b, c, d = (Slot(i, ByteModel()) for i in range(4))
     pool = SlotPool([a, b, c, d])
     for slot, text in ((a, b"abcdef"), (b, b"abcxyz"), (c, b"zzz")):
-        slot.decoder.prefill(list(text))
+        slot.view.prefill(list(text))
         slot.cache_valid = True
-    got, keep = pool.acquire(list(b"abcxyq"))
+    got, keep = pool.choose(list(b"abcxyq"))
     assert (got, keep) == (b, 5)  # keeps the most (a would keep 3)
     pool.release(b)
-    got, keep = pool.acquire(list(b"abq"))  # a and b keep 2 of their 6: they do not fit, the empty d does
+    got, keep = pool.choose(list(b"abq"))  # a and b keep 2 of their 6: they do not fit, the empty d does
     assert (got, keep) == (d, 0)
     pool.release(d)
-    got, keep = pool.acquire(list(b"abcdeq"))
+    got, keep = pool.choose(list(b"abcdeq"))
     assert (got, keep) == (a, 5)
     pool.release(a)
     for slot in (a, b, c, d):
         slot.cache_valid = False  # nothing fits better than another: the one idle longest
-    got, keep = pool.acquire(list(b"abcdef"))
+    got, keep = pool.choose(list(b"abcdef"))
     assert (got, keep) == (c, 0)
 
 
@@ -331,18 +327,18 @@ def test_a_request_keeps_the_running_sequences_consecutive_before_it_keeps_a_cac
     cached prompt it does not continue; one that continues a cache still goes there."""
     slots = [Slot(i, ByteModel()) for i in range(8)]
     pool = SlotPool(slots)
-    got = [pool.acquire(list(b"q%d" % i))[0].seq for i in range(4)]
+    got = [pool.choose(list(b"q%d" % i))[0].seq for i in range(4)]
     assert got == [0, 1, 2, 3]  # each next to the ones running
-    slots[1].decoder.prefill(list(b"abcdef"))
+    slots[1].view.prefill(list(b"abcdef"))
     slots[1].cache_valid = True
     pool.release(slots[1])
-    assert pool.acquire(list(b"zz")) == (slots[1], 0)  # not the empty 4: that would run 0, 2-4
+    assert pool.choose(list(b"zz")) == (slots[1], 0)  # not the empty 4: that would run 0, 2-4
     pool.release(slots[1])
-    slots[1].decoder.prefill(list(b"abcdef"))
-    assert pool.acquire(list(b"abcdefgh")) == (slots[1], 6)
+    slots[1].view.prefill(list(b"abcdef"))
+    assert pool.choose(list(b"abcdefgh")) == (slots[1], 6)
     pool.release(slots[2])
     pool.release(slots[3])  # running 0, 1: the next goes to 2, not to the idle-longest 4
-    assert pool.acquire(list(b"yy"))[0] is slots[2]
+    assert pool.choose(list(b"yy"))[0] is slots[2]
 
 
 # -- the loop's cap ----------------------------------------------------------------------------------
@@ -370,8 +366,8 @@ def test_only_a_request_that_drafts_asks_the_batch_for_a_draft_cap(speculate):
     """``off`` has nothing to price: its steps never run the pricing; a drafting request's do."""
     engine, model = batch_engine(2, speculate, gather=2)
     asked = []
-    draft_cap = engine.scheduler.draft_cap
-    engine.scheduler.draft_cap = lambda seq: asked.append(seq) or draft_cap(seq)
+    draft_cap = engine.loop.draft_cap
+    engine.loop.draft_cap = lambda seq: asked.append(seq) or draft_cap(seq)
     jobs = [(p, {"max_tokens": 20}) for p in PROMPTS[:2]]
     assert run_together(engine, jobs) == [alone(p, speculate, max_tokens=20) for p, _ in jobs]
     assert asked == [] if speculate == "off" else len(asked) > 10
@@ -379,12 +375,12 @@ def test_only_a_request_that_drafts_asks_the_batch_for_a_draft_cap(speculate):
 
 def test_the_pricing_learns_what_each_loop_counted_and_nothing_else():
     """The acceptance the batch pricing learns is what each request's loop counted (drafted and
-    accepted tokens per verify, told through ``SlotDecoder.settled``): the sums equal the requests'
-    own counters, and a round's forward alone teaches it nothing."""
+    accepted tokens per verify, told through ``EngineLoop.settled``): the sums equal the requests'
+    own counters."""
     engine, _ = batch_engine(2, "ngram", gather=2)
-    pricing = engine.scheduler.pricing
+    pricing = engine.loop.pricing
     assert pricing is not None
-    engine.scheduler.draft_cap = lambda seq: None  # drafts uncapped: every verify carries one
+    engine.loop.draft_cap = lambda seq: None  # drafts uncapped: every verify carries one
     told: dict[int, list[tuple[int, int]]] = {0: [], 1: []}
     observe = pricing.observe
     pricing.observe = lambda seq, d, a: told[seq].append((d, a)) or observe(seq, d, a)
@@ -406,13 +402,6 @@ def test_the_pricing_learns_what_each_loop_counted_and_nothing_else():
     assert all(d >= 1 and 0 <= a <= d for v in told.values() for d, a in v)
     steps_drafted = sorted(len(v) for v in told.values())
     assert steps_drafted == sorted(c.counters.drafted_steps for c in done)
-    told[0].clear()
-    decoder = SlotDecoder(engine.scheduler, 0)
-    engine.scheduler.open(0)
-    decoder.prefill(list(b"abab"))
-    decoder.verify([ord("a"), ord("b"), ord("a")])  # a verify outside a loop: nobody settles it
-    engine.scheduler.close(0)
-    assert told[0] == []
     engine.close()
 
 
@@ -546,34 +535,60 @@ def test_fast_pricing_agrees_with_its_plain_twin(data, streams, n_batch):
     assert pricing.best_draft(seq, beside, most) == pricing.best_draft_reference(seq, beside, most)
 
 
-def test_the_scheduler_prices_a_draft_against_the_parts_waiting_for_the_round():
-    """Sequence 1 waits for the round with a 7-token verify (a 6-token draft, 1.98 tokens expected at
-    a rate of 0.5) while sequence 0 is still computing: 0 is priced against that part and may
-    draft 1, beside a one-token guess none. Then 1 waits with a whole 7-token prompt (it confirms one
-    token): 0 may draft 2. While 1 computes after that prompt, its next part is a one-token step:
-    none. Once 1 has left, 0 decodes alone, uncapped."""
+def scripted(ids: list[int], forwards: list[Forward], log: list, ask=None):
+    """A request as the engine loop sees it: a slot for ``ids``, then ``forwards`` one by one (the
+    tokens of each logged; a callable one is called with the positions the slot kept); ``ask(seq)``
+    is called before each forward is yielded (a draft's price)."""
+    def run():
+        yield Started()
+        slot, keep = yield NeedSlot(ids)
+        log.append(("slot", slot.seq, keep))
+        for op in forwards:
+            op = op(keep) if callable(op) else op
+            if ask is not None:
+                log.append(("cap", slot.seq, ask(slot.seq)))
+            log.append((slot.seq, op.kind, (yield op)))
+    return run()
+
+
+def loop_of(model: BatchByteModel, **kwargs) -> EngineLoop:
+    """A loop on the double whose rounds the test runs itself (``loop.round()``)."""
+    return EngineLoop(model, [Slot(i, SeqView(model, i)) for i in range(model.n_seq)], driven=False,
+                      **kwargs)
+
+
+def test_the_loop_prices_a_draft_against_the_parts_before_it_in_the_round():
+    """Sequence 0 feeds a 7-token verify (a 6-token draft, 1.98 tokens expected at the starting rate
+    0.5) in the round where sequence 1 drafts: 1 is priced against that part and may draft 1. When
+    0 feeds the 7-token last chunk of a prompt (it confirms one token), 1 may draft 2. Between
+    rounds, 0's next part after its prompt is taken for a one-token step: none. Once 0 has left, 1
+    decodes alone, uncapped."""
     model = BatchByteModel(n_seq=2)
-    sched = Scheduler(model, cost=linear_cost, clock=lambda: 0.0)  # rounds take no time: costs stay the prior
-    assert sched.pricing is not None
-    assert sched.pricing.rate(0) == sched.pricing.rate(1) == 0.5  # nothing settled: the starting rate
-    sched.open(0)
-    sched.open(1)
-    assert sched.draft_cap(0) == 0  # 1 has fed nothing yet: one token is the guess
-    for feed, cap in (("verify", 1), ("prefill", 2)):
-        sched.rollback(1, 0)
-        waiting = threading.Thread(target=getattr(SlotDecoder(sched, 1), feed), args=(list(range(104, 111)),))
-        waiting.start()
-        # up to 60 s for its part to wait for the round (0 is busy: none starts)
-        wait_until(lambda cap=cap: sched.draft_cap(0) == cap, timeout=60, every=0.001)
-        assert sched.draft_cap(0) == cap
-        sched.rollback(0, 0)
-        assert SlotDecoder(sched, 0).prefill([104]) == alone_next([104])  # the round runs, 1's part with it
-        waiting.join(60)
-    assert model.rounds == [[(1, 7, "all"), (0, 1, "last")], [(1, 7, "last"), (0, 1, "last")]]
-    assert sched.draft_cap(0) == 0  # 1 is computing after its prompt: a one-token step comes next
-    sched.close(1)
-    assert sched.draft_cap(0) is None
-    sched.stop()
+    loop = loop_of(model, cost=linear_cost, clock=lambda: 0.0, prefill_chunk=7)
+    assert loop.pricing is not None and loop.pricing.rate(0) == 0.5
+    log: list = []
+    events: list = []
+    prompt = list(range(104, 111))
+    zero = scripted([97], [Forward("prefill", [97]), Forward("verify", prompt),
+                           Forward("prefill", [97, *prompt], keep=1)], log)
+    one = scripted([98], [Forward("prefill", [98]), Forward("verify", [104]), Forward("verify", [105]),
+                          Forward("verify", [106])], log, ask=loop.draft_cap)
+    assert loop.submit(Request(zero, lambda k, p: events.append((0, k)))) and loop.submit(
+        Request(one, lambda k, p: events.append((1, k))))
+    loop.round()  # both prompts
+    assert log[:2] == [("slot", 0, 0), ("slot", 1, 0)]
+    assert loop.draft_cap(1) == 0  # between rounds: 0 fed a prompt's last chunk, a one-token step next
+    loop.round()  # 0 verifies 7, then 1 asks
+    loop.round()  # 0 reads a 7-token prompt (kept 1) in one last chunk, then 1 asks
+    caps = [x[2] for x in log if x[0] == "cap"]
+    assert caps[:3] == [0, 1, 2]  # beside 0's one-token prompt, 0's 7-token verify, 0's 7-token prompt
+    loop.round()  # 0 ends; 1 alone
+    loop.round()
+    caps = [x[2] for x in log if x[0] == "cap"]
+    assert caps == [0, 1, 2, None] and log[-1][:2] == (1, "verify")
+    assert model.rounds[1] == [(0, 7, "all"), (1, 1, "all")]
+    assert model.rounds[2] == [(0, 7, "last"), (1, 1, "all")]
+    assert (0, "end") in events and (0, "start") in events
 
 
 def test_batch_cost_learns_from_a_round_of_several_forwards():
@@ -605,14 +620,15 @@ def test_a_prompt_shared_with_a_running_request_is_copied_not_computed():
     assert got.tokens == alone(prompt_b, "off", max_tokens=20)
     rest = [t for c in held for t in c.tokens]
     assert first.tokens + rest == alone(SHARED + "A: summarise it.", "off", max_tokens=20)
-    assert engine.scheduler.prefix_copies == 1 and engine.scheduler.prefix_copied_tokens == shared
+    assert engine.loop.prefix_copies == 1 and engine.loop.prefix_copied_tokens == shared
 
 
 def start_when_waited(engine: Engine, model: BatchByteModel, at_round: int, jobs: list[tuple[str, int]],
                       out: dict) -> list[threading.Thread]:
     """At round ``at_round`` of the double, start each job (prompt, max_tokens) on a thread of its
-    own, one after another, each once the previous one waits for a prefix in flight (up to 60 s):
-    so each opens while the earlier requests are still reading their prompts."""
+    own, one after another, each once the previous one is in the loop's hands (up to 60 s): so the
+    loop takes them, in that order, at its next round, while the earlier requests are still reading
+    their prompts."""
     threads: list[threading.Thread] = []
 
     def work(prompt: str, max_tokens: int) -> None:
@@ -625,7 +641,7 @@ def start_when_waited(engine: Engine, model: BatchByteModel, at_round: int, jobs
             t = threading.Thread(target=work, args=(prompt, max_tokens))
             t.start()
             threads.append(t)
-            wait_until(lambda k=k: engine.scheduler.prefix_waits >= k, timeout=60, every=0.001)
+            wait_until(lambda k=k: engine.loop.waiting >= k, timeout=60, every=0.001)
 
     model.on_round = on_round
     return threads
@@ -647,7 +663,7 @@ def test_requests_arriving_together_read_their_shared_opening_once():
     shared = len(SHARED.encode())
     bc = len((SHARED + "B: list the ").encode())
     assert model.copies == [(0, 1, shared), (1, 2, bc)]
-    assert engine.scheduler.prefix_waits == 2 and engine.scheduler.prefix_copies == 2
+    assert engine.loop.prefix_waits == 2 and engine.loop.prefix_copies == 2
     for p in prompts:
         assert out[p].tokens == alone(p, "off", max_tokens=20)
     assert [out[p].cached_tokens for p in prompts] == [0, shared, bc]
@@ -675,36 +691,50 @@ def test_a_request_waiting_for_a_prefix_that_is_never_read_goes_on_alone():
         engine.generate(SHARED + "A: summarise it.", max_tokens=10)
     for t in threads:
         t.join(60)
-    assert engine.scheduler.prefix_waits == 1 and model.copies == []
+    assert engine.loop.prefix_waits == 1 and model.copies == []
     assert out[prompt_b].tokens == alone(prompt_b, "off", max_tokens=10)
     assert out[prompt_b].cached_tokens == 0
 
 
-def test_a_wait_for_a_prefix_in_flight_says_whether_it_waited_and_feeds_nothing_meanwhile():
-    """``copy_in_flight``: None when no earlier running request shares the opening (nothing waited
-    for); 0 when the one it waited for ended holding too little. While sequence 1 waits, it is not
-    priced as a decoding sequence: sequence 0, the only one decoding, drafts uncapped."""
-    model = BatchByteModel(n_seq=3)
-    sched = Scheduler(model, cost=linear_cost)
-    prompt = list(SHARED.encode())
-    sched.open(0, prompt)
-    assert sched.copy_in_flight(0, prompt, 32) is None  # no earlier request
-    sched.open(1, prompt)
-    sched.open(2, [7, 8, 9])
-    assert sched.draft_cap(0) == 0  # three sequences decoding, none with a measured rate
-    got: list[int | None] = []
-    waiter = threading.Thread(target=lambda: got.append(sched.copy_in_flight(1, prompt, 32)))
-    waiter.start()
-    wait_until(lambda: sched.prefix_waits == 1, timeout=60, every=0.001)  # for the waiter to start waiting
-    assert sched.prefix_waits == 1
-    sched.close(2)
-    assert sched.draft_cap(0) is None  # 1 waits for 0's prompt: 0 decodes alone
-    SlotDecoder(sched, 0).prefill(prompt[:16])  # 16 positions of the 180 shared
-    sched.close(0)
-    waiter.join(60)
-    assert got == [0] and model.copies == [] and sched.prefix_copies == 0
-    assert sched.copy_in_flight(1, prompt, 32) is None  # 0's request is over: nothing to wait for
-    sched.stop()
+def test_the_prefix_plan_copies_from_the_longest_shared_prompt_in_flight_else_the_longest_cache():
+    """``prefix.plan`` for a prompt on sequence 3 that keeps 10 of its own positions: a running
+    request's prompt that shares more than any cache by more than 32 is waited for; else the cache
+    that shares most, when that is more than 32 beyond what the slot keeps; else nothing."""
+    ids = list(range(100))
+    cached = {0: ids[:50], 1: ids[:20] + [7], 3: ids[:10]}
+    assert prefix.plan(ids, 3, 10, cached, {}) == prefix.PrefixPlan(0, 3, 50, in_flight=False)
+    assert prefix.plan(ids, 3, 10, cached, {1: ids[:83], 2: ids[:90]}) == prefix.PrefixPlan(
+        2, 3, 90, in_flight=True)
+    assert prefix.plan(ids, 3, 10, cached, {2: ids[:82]}) == prefix.PrefixPlan(0, 3, 50, in_flight=False)
+    assert prefix.plan(ids, 3, 20, cached, {}) is None  # 50 is not more than 20 + 32
+    assert prefix.plan(ids, 3, 10, {3: ids}, {3: ids}) is None  # its own sequence is never a donor
+
+
+def test_a_request_waiting_for_a_prefix_in_flight_feeds_nothing_and_is_not_priced():
+    """Sequence 1's prompt opens like sequence 0's, which is still being read 16 a round: 1 waits
+    (no part of its own) until 0 holds the shared 180 positions, meanwhile 0 is the only sequence
+    decoding and drafts uncapped; then 1 copies them and reads only its rest."""
+    model = BatchByteModel(n_seq=2)
+    loop = loop_of(model, cost=linear_cost, clock=lambda: 0.0, prefill_chunk=16)
+    a, b = list((SHARED + "A").encode()), list((SHARED + "B!").encode())
+    log: list = []
+    loop.submit(Request(scripted(a, [Forward("prefill", a), Forward("verify", [1]),
+                                     Forward("verify", [2])], log, ask=loop.draft_cap), lambda k, p: None))
+    loop.round()
+    loop.submit(Request(scripted(b, [lambda keep: Forward("prefill", b, keep=keep)], log), lambda k, p: None))
+    for _ in range(4):
+        loop.round()
+    assert loop.running == 2 and loop.draft_cap(0) is None  # 1 waits: 0 decodes alone
+    rounds = 5
+    while not any(x[0] == 1 for x in log):
+        loop.round()
+        rounds += 1
+        assert rounds < 40
+    shared = len(SHARED.encode())
+    assert loop.prefix_waits == 1 and model.copies == [(0, 1, shared)]
+    assert all(seq == 0 for r in model.rounds[:12] for seq, _, _ in r)  # 1 fed nothing while it waited
+    assert [x for x in log if x[0] == "slot"] == [("slot", 0, 0), ("slot", 1, shared)]
+    assert model.rounds[12] == [(0, 1, "all"), (1, 2, "last")]  # 0's first step, 1's rest: "B!"
 
 
 def test_a_short_shared_prefix_or_reuse_prefix_off_copies_nothing():
@@ -721,29 +751,3 @@ def test_a_short_shared_prefix_or_reuse_prefix_off_copies_nothing():
     engine.generate(SHARED + "B", max_tokens=5)
     assert model.copies == []
     list(busy)
-
-
-@pytest.mark.parametrize("grace", [0.0, 30.0])
-def test_a_round_gives_a_parked_sequence_its_grace_to_join(grace):
-    """Sequence 1's chunk is with its consumer (parked) when sequence 0 asks for a round: with a
-    grace the round waits for sequence 1 to come back (one forward of both); without, it runs
-    sequence 0 alone and sequence 1 gets a round of its own."""
-    model = BatchByteModel(n_seq=2)
-    sched = Scheduler(model, park_grace=grace)
-    sched.open(0)
-    sched.open(1)
-    sched.park(1)
-    def request_0() -> None:
-        sched.decode(SeqDecode(0, [1, 2, 3], "last"))
-        sched.close(0)  # its request ends: later rounds do not wait for it
-
-    a = threading.Thread(target=request_0)
-    a.start()
-    if grace == 0.0:
-        a.join(30)  # its round ran without sequence 1
-    sched.unpark(1)
-    sched.decode(SeqDecode(1, [4, 5], "last"))
-    a.join(30)
-    sched.stop()
-    expected = [[(0, 3, "last"), (1, 2, "last")]] if grace else [[(0, 3, "last")], [(1, 2, "last")]]
-    assert model.rounds == expected

@@ -42,7 +42,7 @@ def gathered(engine, n: int) -> None:
             first.set()
             wait = threading.Event()
             for _ in range(10_000):
-                if engine.scheduler.running >= n or wait.wait(0.001):
+                if engine.loop.running >= n or wait.wait(0.001):
                     break
         return inner(parts)
 
@@ -77,7 +77,7 @@ def together(engine, calls) -> list:
 def test_four_requests_decoded_together_equal_each_alone(engines, fields):
     batch, single = engines
     gathered(batch, 4)
-    before = batch.scheduler.stats.rounds, batch.scheduler.stats.parts
+    before = batch.loop.stats.rounds, batch.loop.stats.parts
 
     def call(engine, prompt):
         return lambda: engine.chat([{"role": "user", "content": prompt}], max_tokens=48, **fields)
@@ -86,6 +86,6 @@ def test_four_requests_decoded_together_equal_each_alone(engines, fields):
     want = [call(single, p)() for p in PROMPTS]
     assert [c.tokens for c in got] == [c.tokens for c in want]
     assert [c.text for c in got] == [c.text for c in want]
-    rounds = batch.scheduler.stats.rounds - before[0]
-    parts = batch.scheduler.stats.parts - before[1]
+    rounds = batch.loop.stats.rounds - before[0]
+    parts = batch.loop.stats.parts - before[1]
     assert parts > rounds  # forwards were shared

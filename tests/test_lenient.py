@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from promptlookup.api import Chunk, Completion, _tool_chunks
+from promptlookup.api import Chunk, Completion, ToolChunks
 from promptlookup.lenient import mixed_hold, parse, parse_mixed, possible
 from promptlookup.telemetry import Counters
 from promptlookup.tools import FORMATS, parse_tools
@@ -94,12 +94,12 @@ def _completion(text: str, finish: str = "stop") -> Completion:
 
 
 def _stream(pieces: list[str], finish: str = "stop", lenient: bool = True):
-    """``_tool_chunks`` over a reply cut into ``pieces`` (one token per character): the streamed
+    """``ToolChunks`` over a reply cut into ``pieces`` (one token per character): the streamed
     texts, the completion's content, its calls, its finish reason, the tokens handed out."""
     text = "".join(pieces)
     chunks = [Chunk(p, list(range(len(p)))) for p in pieces[:-1]]
     chunks.append(Chunk(pieces[-1], list(range(len(pieces[-1]))), completion=_completion(text, finish)))
-    out = list(_tool_chunks(iter(chunks), FORMATS["hermes"], TOOLS, lenient=lenient))
+    out = _tool_chunks(chunks, FORMATS["hermes"], TOOLS, lenient=lenient)
     c = out[-1].completion
     calls = None if c.tool_calls is None else [(x.name, x.arguments) for x in c.tool_calls]
     return [ch.text for ch in out], c.text, calls, c.finish_reason, sum(len(ch.tokens) for ch in out)
@@ -267,3 +267,9 @@ def test_a_stream_never_releases_a_fenced_call_and_its_hold_never_goes_back(befo
     pieces = [text[a:b] for a, b in zip(points, points[1:], strict=False)]
     texts, streamed, calls, *_ = _stream(pieces)
     assert (streamed, calls) == _stream([text])[1:3] and "".join(texts) == streamed
+
+
+def _tool_chunks(chunks, fmt, tools, lenient=False) -> list[Chunk]:
+    """What :class:`ToolChunks` hands out, fed ``chunks`` one by one."""
+    feed = ToolChunks(fmt, tools, lenient=lenient).feed
+    return [out for chunk in chunks for out in feed(chunk)]

@@ -1,5 +1,6 @@
-"""The server's worker and queue without a model: FIFO order, the bounded depth, a withdrawn job
-never runs, a failing job never ends the worker, a cancelled job ends at its next step."""
+"""The server's jobs on a real engine loop (the byte double, no model): the bounded queue, a
+withdrawn job never runs, a bad request is a 400 and a bug a 500 while the loop lives on, a cancelled
+job ends at its next step, and the after-request hook runs for every completion."""
 
 from __future__ import annotations
 
@@ -11,109 +12,125 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from promptlookup.api import RequestError  # noqa: E402
+from fakes import ByteModel  # noqa: E402
+
+from promptlookup import Engine  # noqa: E402
 from promptlookup.options import RequestOptions  # noqa: E402
-from promptlookup.serve.queue import Job, Worker  # noqa: E402
-
-
-class _Chunk:
-    def __init__(self, text: str, completion=None) -> None:
-        self.text, self.tokens, self.completion, self.logprobs = text, [], completion, None
-
-
-class _Engine:
-    """The worker's engine: each job's prompt names a script (gate, steps, failure, delay)."""
-
-    def __init__(self, log: list) -> None:
-        self.log = log
-        self.scripts: dict[str, dict] = {}
-
-    def detokenize(self, ids):
-        return ""
-
-    def chat(self, prompt, options, stream):
-        raise AssertionError("these jobs are completions")
-
-    def generate(self, name, options, stream):
-        script, log = self.scripts[name], self.log
-        assert stream and options.cancelled is not None
-        if script["fail"] is not None:
-            raise script["fail"]
-
-        def chunks():
-            for i in range(script["steps"]):
-                if script["gate"] is not None:
-                    script["gate"].wait(10)
-                time.sleep(script["delay"])
-                if options.cancelled():
-                    log.append(f"{name}:cancelled@{i}")
-                    yield _Chunk("", completion=name)
-                    return
-                yield _Chunk(f"{name}{i}")
-            log.append(name)
-            yield _Chunk("", completion=name)
-
-        return chunks()
-
-
-def _job(loop, engine: _Engine, name: str, gate: threading.Event | None = None, steps: int = 1, fail=None,
-         delay: float = 0.0):
-    engine.scripts[name] = {"gate": gate, "steps": steps, "fail": fail, "delay": delay}
-    return Job("completion", name, RequestOptions(max_tokens=steps + 1), loop)
+from promptlookup.serve.queue import Job  # noqa: E402
 
 
 async def _drain(job: Job) -> list[str]:
     kinds = []
     while True:
-        ev = await asyncio.wait_for(job.events.get(), 10)
+        ev = await asyncio.wait_for(job.events.get(), 30)
         kinds.append(ev.kind if ev.kind != "error" else f"error:{ev.status}")
-        if ev.kind == "end" or ev.kind == "error" and "start" not in kinds:
+        if ev.kind == "end":
             return kinds
 
 
-def test_fifo_bounded_withdraw_failures_and_cancel():
+def test_bounded_queue_withdraw_failures_and_cancel():
     async def main():
         loop = asyncio.get_running_loop()
-        log: list[str] = []
+        model = ByteModel()
+        engine = Engine.from_backend(model, speculate="off")
+        engine.loop.max_queue = 2
+        gate, inside = threading.Event(), threading.Event()
+        prefill, verify = model.prefill, model.verify
+
+        def held_prefill(*args, **kwargs):  # the first prompt waits at the gate: the others queue
+            inside.set()
+            gate.wait(30)
+            return prefill(*args, **kwargs)
+
+        def slow_verify(*args, **kwargs):
+            time.sleep(0.002)
+            return verify(*args, **kwargs)
+
+        model.prefill, model.verify = held_prefill, slow_verify
+        tokenize = engine.tokenize
+        engine.tokenize = lambda text: 1 // 0 if text == "boom" else tokenize(text)
         done: list[str] = []
-        engine = _Engine(log)
-        w = Worker(engine, max_queue=2, on_done=lambda job: done.append(job.completion))
-        gate = threading.Event()
-        first = _job(loop, engine, "a", gate=gate, steps=3)
-        w.start()
-        assert w.submit(first)
-        while first.started is None:
-            await asyncio.sleep(0.01)
-        b, c, d = _job(loop, engine, "b"), _job(loop, engine, "c"), _job(loop, engine, "d")
-        assert w.submit(b) and w.submit(c)
-        assert not w.submit(d)  # two wait already: the third is refused
-        w.withdraw(b)  # its client went away while it waited: it never runs
-        bad = _job(loop, engine, "bad", fail=RequestError("no", "prompt"))
-        boom = _job(loop, engine, "boom", fail=ZeroDivisionError())
-        assert w.submit(bad) and not w.submit(boom)
+
+        def job(prompt: str, max_tokens: int = 3) -> Job:
+            return Job("completion", prompt, RequestOptions(max_tokens=max_tokens), loop,
+                       on_done=lambda j: done.append(j.prompt))
+
+        def submit(j: Job) -> bool:
+            return engine.submit(j.kind, j.prompt, j.options, j.sink, j.cancel, j.deadline) is not None
+
+        a = job("a")
+        assert submit(a)
+        assert await asyncio.to_thread(inside.wait, 30)
+        b, c, d = job("b"), job("c"), job("d")
+        assert submit(b) and submit(c)
+        assert not submit(d)  # two wait already: the third is refused
+        assert engine.loop.retry_after() >= 1
+        b.cancel.set()  # its client went away while it waited: it never runs, and frees its place
+        bad, boom = job(""), job("boom")
+        assert submit(bad) and not submit(boom)
         gate.set()
-        assert await _drain(first) == ["start", "chunk", "chunk", "chunk", "chunk", "end"]
-        assert await _drain(c) == ["start", "chunk", "chunk", "end"]
-        assert await _drain(bad) == ["error:400"]
-        assert w.submit(boom)
-        assert await _drain(boom) == ["error:500"]  # a bug in a request is a 500, and the worker lives on
-        slow = _job(loop, engine, "slow", steps=1000, delay=0.01)
-        assert w.submit(slow)
-        # wait for slow itself to start: "the worker is running something" can still be boom, just
-        # finished, and withdrawing slow then drops it from the queue before it ever runs
+        assert (await _drain(a))[0] == "start" and a.completion.tokens
+        assert await _drain(b) == ["end"] and b.completion is None
+        assert (await _drain(c))[-1] == "end" and c.completion.tokens
+        assert await _drain(bad) == ["error:400", "end"]
+        assert submit(boom)
+        assert await _drain(boom) == ["error:500", "end"]  # a bug is a 500, and the loop lives on
+        slow = job("slow", max_tokens=2000)
+        assert submit(slow)
         while slow.started is None:
             await asyncio.sleep(0.01)
-        w.withdraw(slow)  # running: it ends at its next step
-        slow_events = await _drain(slow)
-        assert slow_events[-1] == "end"
-        assert log[:2] == ["a", "c"] and log[2].startswith("slow:cancelled@")
-        # the hook runs on the worker after the job's "end" event (a history save must not hold up the
-        # response): wait for it, up to 60 s (found beside a CPU hog: the worker had not run it yet)
-        for _ in range(6000):
+        slow.cancel.set()  # running: it ends at its next step
+        assert (await _drain(slow))[-1] == "end"
+        assert slow.completion.stopped_by == "cancelled" and len(slow.completion.tokens) < 2000
+        for _ in range(3000):  # the hook runs on the event loop after the "end" event
             if len(done) == 3:
                 break
             await asyncio.sleep(0.01)
         assert done == ["a", "c", "slow"]
-        w.stop()
+        engine.close()
 
     asyncio.run(main())
+
+
+def test_a_served_request_touches_two_threads_the_event_loop_and_the_engine_loop(monkeypatch):
+    """From the route to the backend and back, a request is handed over once each way: its route
+    runs on the event loop; its tokenizing, drafting, forwards and text all run on the engine loop's
+    thread (the compute thread); its events come back to the event loop."""
+    from collections import defaultdict
+    from pathlib import Path
+
+    from fakes import BatchByteModel
+    from starlette.testclient import TestClient
+
+    from promptlookup.serve import queue as serve_queue
+    from promptlookup.serve.app import Settings, create_app
+
+    seen: dict[str, set[str]] = defaultdict(set)
+
+    def spy(name, fn):
+        def wrapped(*args, **kwargs):
+            seen[name].add(threading.current_thread().name)
+            return fn(*args, **kwargs)
+        return wrapped
+
+    model = BatchByteModel(n_seq=2)
+    for name in ("tokenize", "decode_many", "detokenize"):
+        setattr(model, name, spy(name, getattr(model, name)))
+    post_init = serve_queue.Job.__post_init__
+    monkeypatch.setattr(serve_queue.Job, "__post_init__", spy("route", post_init))
+    emit = serve_queue.Job.emit
+    monkeypatch.setattr(serve_queue.Job, "emit", spy("events", emit))
+    curve = Path(__file__).resolve().parents[1] / "benchmarks" / "curves" / "smollm2-q4_1-cpu2.json"
+    engine = Engine.from_backend(model, speculate="ngram", parallel=2, cost_curve=curve)
+    for slot in engine.loop.pool.slots:
+        source = engine.source_for(engine.default_spec, slot)
+        source.propose = spy("propose", source.propose)
+    seen.clear()  # what loading did is not the request's
+    with TestClient(create_app(engine, Settings())) as client:
+        r = client.post("/v1/completions", json={"prompt": "a b c a b c a b", "max_tokens": 24,
+                                                 "stream": True})
+        assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]")
+    engine.close()
+    for name in ("tokenize", "propose", "decode_many", "detokenize", "events"):
+        assert seen[name] == {"promptlookup-compute"}, name
+    assert len(seen["route"]) == 1 and seen["route"] != {"promptlookup-compute"}

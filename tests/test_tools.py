@@ -12,7 +12,7 @@ from fakes import ByteModel, RandomDrafts, TagToolModel, ToolByteModel
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from promptlookup.api import Chunk, Completion, Engine, _tool_chunks
+from promptlookup.api import Chunk, Completion, Engine, ToolChunks
 from promptlookup.drafting.base import Draft
 from promptlookup.errors import RequestError
 from promptlookup.grammar import Constraint, grammar_tokenizer
@@ -235,7 +235,7 @@ def _feed(pieces: list[str], finish: str = "stop") -> list[Chunk]:
     text = "".join(pieces)
     chunks = [Chunk(p, [0] * len(p)) for p in pieces[:-1]]
     chunks.append(Chunk(pieces[-1], [0] * len(pieces[-1]), completion=_completion(text, finish)))
-    return list(_tool_chunks(iter(chunks), HERMES, CHECKED))
+    return _tool_chunks(chunks, HERMES, CHECKED)
 
 
 def test_a_malformed_call_under_auto_is_content_with_finish_stop():
@@ -395,7 +395,7 @@ def test_auto_reads_a_call_made_of_special_tags():
     chunks = [Chunk(engine.detokenize(tokens[:1]), tokens[:1]), Chunk("", tokens[1:])]
     text = tag_renderer(engine.detokenize, engine.backend, tag_tokens(engine.backend, HERMES))(tokens)
     chunks[-1].completion = _completion(text)
-    out = list(_tool_chunks(iter(chunks), HERMES, CHECKED, lenient=True))
+    out = _tool_chunks(chunks, HERMES, CHECKED, lenient=True)
     assert [(x.name, x.arguments) for x in out[-1].completion.tool_calls] == [("read_file", '{"path": "a"}')]
 
 
@@ -411,3 +411,9 @@ def test_a_token_the_grammar_refuses_ends_the_reply_as_a_stop():
     assert sampler.sample(model.logits(prompt), prompt, 1) == ord("<")  # the grammar's first byte
     refused = [*prompt, ord("Z")]
     assert sampler.sample(model.logits(refused), refused, 2) == ByteModel.EOS
+
+
+def _tool_chunks(chunks, fmt, tools, lenient=False) -> list[Chunk]:
+    """What :class:`ToolChunks` hands out, fed ``chunks`` one by one."""
+    feed = ToolChunks(fmt, tools, lenient=lenient).feed
+    return [out for chunk in chunks for out in feed(chunk)]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import numbers
+import queue
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
@@ -33,10 +34,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from promptlookup.backends.base import BatchDecoder, Model
+from promptlookup.backends.base import BackendError, BatchDecoder, Model
+from promptlookup.backends.compute_thread import is_compute_thread
 from promptlookup.backends.costs import cached_cost_curve
-from promptlookup.batching.pool import GuardedSource, Slot, SlotPool
-from promptlookup.batching.scheduler import DEFAULT_PREFILL_CHUNK, Scheduler, SlotDecoder
+from promptlookup.batching.engine_loop import (
+    DEFAULT_PREFILL_CHUNK,
+    EngineLoop,
+    NeedSlot,
+    PromptEnded,
+    Request,
+    Started,
+)
+from promptlookup.batching.pool import SeqView, Slot
 from promptlookup.costcurve import CostCurve
 from promptlookup.drafting.base import DraftSource, report_of, use_corpora
 from promptlookup.drafting.forced import GrammarDrafts
@@ -48,7 +57,7 @@ from promptlookup.lenient import parse as lenient_parse
 from promptlookup.lenient import possible as lenient_possible
 from promptlookup.options import MAX_STOP_CHARS, MAX_STOPS, RequestOptions
 from promptlookup.sampling import Sampler, TokenLogprob
-from promptlookup.speculate import Generation, steps
+from promptlookup.speculate import Forward, Generation, step_ops
 from promptlookup.telemetry import Counters
 from promptlookup.textout import TextTracker
 from promptlookup.tools import (
@@ -64,10 +73,6 @@ from promptlookup.tools import (
 # What speculation does when nobody says: the best setting we measured (docs/results.md).
 DEFAULT_SPECULATE = "auto"
 MAX_PARALLEL = 64  # requests one engine runs at once
-#: prompt positions a copy from another slot must add to what a request's own slot keeps: copying
-#: llama.cpp's whole KV stream cost about what a dozen prompt tokens take to compute (the bundled
-#: model, 2048 positions per sequence: docs/results.md), so shorter shared prefixes are computed
-MIN_PREFIX_COPY = 32
 ROLES = ("system", "developer", "user", "assistant", "tool")  # "developer": OpenAI's newer name for system
 __all__ = ["DEFAULT_SPECULATE", "MAX_STOPS", "MAX_STOP_CHARS", "ROLES", "Chunk", "Completion", "Engine",
            "Options", "RequestError", "RequestOptions", "check_messages", "load_backend"]
@@ -253,19 +258,20 @@ class Engine:
                                defaults=self._corpus_refs)
         self.run = Run.for_backend(self.backend, lambda: cached_cost_curve(self.backend))
         self.run.history = history
-        self.scheduler: Scheduler | None = None
-        if self.parallel == 1:
-            slots = [Slot(0, self.backend)]
-        else:
-            if not isinstance(self.backend, BatchDecoder) or self.backend.n_seq < self.parallel:
+        cost = None
+        batched = isinstance(self.backend, BatchDecoder)
+        if self.parallel > 1:
+            if not batched or self.backend.n_seq < self.parallel:
                 raise UsageError(f"parallel={self.parallel} needs a backend that decodes that many sequences "
                                  f"together; {type(self.backend).__name__} does not (use parallel=1)")
             # the batch's draft pricing starts from the single-sequence cost curve (measured now)
             curve = (CostCurve.load(self._settings["curve"]) if "curve" in self._settings
                      else self.run.curve())
-            self.scheduler = Scheduler(self.backend, self.prefill_chunk, cost=curve.cost)
-            slots = [Slot(i, SlotDecoder(self.scheduler, i)) for i in range(self.parallel)]
-        self._pool = SlotPool(slots)
+            cost = curve.cost
+        slots = [Slot(i, SeqView(self.backend, i) if batched else self.backend)  # type: ignore[arg-type]
+                 for i in range(self.parallel)]
+        self.loop = EngineLoop(self.backend, slots, self.prefill_chunk, cost=cost,
+                               reuse_prefix=self.reuse_prefix)
         self.source_for(self.default_spec)  # open its files (and measure auto's curve) now, not mid-request
 
     def spec(self, speculate: str | SourceSpec | None) -> SourceSpec:
@@ -284,13 +290,12 @@ class Engine:
         stays); without ``slot``, the first slot's (the one a lone caller's requests run on)."""
         if spec.name == OFF:
             return None
-        slot = slot or self._pool.slots[0]
+        slot = slot or self.loop.pool.slots[0]
         if spec.label not in slot.sources:
             with self._lock:
                 if spec.label not in self._factories:
                     self._factories[spec.label] = source_factory(spec, self.run)
-                source = self._factories[spec.label]()
-            slot.sources[spec.label] = GuardedSource(source, self._lock) if self.parallel > 1 else source
+                slot.sources[spec.label] = self._factories[spec.label]()
         return slot.sources[spec.label]
 
     # -- text ---------------------------------------------------------------------------------
@@ -336,12 +341,7 @@ class Engine:
         fields as keywords (``max_tokens``, ``temperature``, ``stop``, ``seed``, ``speculate``, ...),
         or both (the keywords replace the options' values). Returns a :class:`Completion`, or with
         ``stream=True`` an iterator of :class:`Chunk` whose last one carries it."""
-        opts = _options(options, fields)
-        if opts.tool_choice.mode != "none":
-            raise RequestError("tools need a chat (messages through the model's template): use chat()",
-                               "tools")
-        ids = self.tokenize(prompt) if isinstance(prompt, str) else self._check_ids(prompt)
-        return self._start(ids, opts, stream)
+        return self._call("completion", prompt, _options(options, fields), stream)
 
     def chat(self, messages: Sequence[Mapping[str, Any]], options: RequestOptions | None = None, *,
              stream: bool = False, **fields: Any) -> Completion | Iterator[Chunk]:
@@ -352,27 +352,107 @@ class Engine:
         (the default), ``"none"``, ``"required"`` or ``{"type": "function", "function": {"name":
         ...}}``, the last two forced by a grammar (docs/agents.md). A stream holds back the text from
         where a call may begin; the last chunk's completion carries the calls."""
-        opts = _options(options, fields)
-        choice = opts.tool_choice
-        if choice.mode == "none":
+        return self._call("chat", messages, _options(options, fields), stream)
+
+    def submit(self, kind: str, prompt: Any, options: RequestOptions,
+               emit: Callable[[str, Any], None], cancel: threading.Event | None = None,
+               deadline: float | None = None) -> Request | None:
+        """Hand a request to the engine loop without waiting: ``kind`` ``"chat"`` (``prompt``:
+        messages) or ``"completion"`` (text or token ids). Its checks, tokenizing included, run on the
+        loop; ``emit(kind, payload)`` is called there with ``"start"`` (the checks passed), each
+        ``"chunk"``, an ``"error"`` (the exception) and ``"end"``, and must not block. ``cancel``:
+        set it to end the request at its next step; ``deadline``: ``time.monotonic()`` by which it
+        must be done, waiting for a slot included (a server's); else ``options.timeout`` counts from
+        when it gets a slot. None: the loop is stopping or its queue (:attr:`EngineLoop.max_queue`)
+        is full."""
+        if kind not in ("chat", "completion"):
+            raise ValueError(f"unknown request kind {kind!r}")
+        req = Request(iter(()), emit, cancel or threading.Event(), deadline, cancelled=options.cancelled)
+        req.ops = self._request(kind, prompt, options.replace(cancelled=req.is_cancelled), req)
+        return req if self.loop.submit(req) else None
+
+    def _call(self, kind: str, prompt: Any, opts: RequestOptions,
+              stream: bool) -> Completion | Iterator[Chunk]:
+        """A library call: the request on the loop; this thread waits for its checks (a bad request
+        raises here, before a stream is handed out), then reads its chunks."""
+        if is_compute_thread():
+            raise RuntimeError("an engine cannot be called from its own loop's thread")
+        events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        req = self.submit(kind, prompt, opts, lambda k, p: events.put((k, p)))
+        if req is None:
+            raise BackendError("the engine is closed")
+        first, payload = events.get()
+        if first != "start":
+            events.get()  # its "end"
+            raise payload
+        chunks = _read_chunks(events, lambda: self.loop.withdraw(req))
+        return chunks if stream else _last(chunks)
+
+    def _request(self, kind: str, prompt: Any, opts: RequestOptions,
+                 req: Request) -> Generator[Any, Any, None]:
+        """One request as the engine loop runs it (:mod:`promptlookup.batching.engine_loop`): its
+        checks, then ``Started``, a slot (``NeedSlot``), its forwards, and its chunks."""
+        tools: ToolChunks | None = None
+        detokenize: Callable[[Sequence[int]], str] = self.backend.detokenize
+        if kind == "completion":
+            if opts.tool_choice.mode != "none":
+                raise RequestError("tools need a chat (messages through the model's template): use chat()",
+                                   "tools")
+            ids = self.tokenize(prompt) if isinstance(prompt, str) else self._check_ids(prompt)
+        elif opts.tool_choice.mode == "none":
             # the reply is text, never parsed; the tools are still shown where the template can show
             # them, so an agent's prompt (and the cached prefix it reuses) is the same on every turn
             shown = opts.tools if supports_tools(template_of(self.backend)) else None
-            return self._start(self.chat_ids(messages, shown), opts.replace(tools=None, tool_choice=None),
-                               stream)
-        fmt = format_for(self.backend)
-        tools = list(opts.tools or ())
-        ids = self.chat_ids(messages, tools)
-        tags = tag_tokens(self.backend, fmt)  # the tags that are one token, as Qwen2.5's <tool_call>
-        grammar = None
-        if choice.forced:
-            special = self._grammar_vocab().is_special_token
-            grammar = fmt.grammar(tools, choice, {text: t for text, t in tags.items() if special(t)})
-        run = opts.replace(tools=None, tool_choice=None, response_format=grammar)
-        text_of = tag_renderer(self.backend.detokenize, self.backend, tags)
-        chunks = _tool_chunks(self._start(ids, run, True, text_of), fmt, tools,  # type: ignore[arg-type]
-                              lenient=choice.mode == "auto")
-        return chunks if stream else _last(chunks)
+            ids = self.chat_ids(prompt, shown)
+            opts = opts.replace(tools=None, tool_choice=None)
+        else:
+            choice = opts.tool_choice
+            fmt = format_for(self.backend)
+            declared = list(opts.tools or ())
+            ids = self.chat_ids(prompt, declared)
+            tags = tag_tokens(self.backend, fmt)  # the tags that are one token, as Qwen2.5's <tool_call>
+            grammar = None
+            if choice.forced:
+                special = self._grammar_vocab().is_special_token
+                grammar = fmt.grammar(declared, choice, {text: t for text, t in tags.items() if special(t)})
+            opts = opts.replace(tools=None, tool_choice=None, response_format=grammar)
+            detokenize = tag_renderer(self.backend.detokenize, self.backend, tags)
+            tools = ToolChunks(fmt, declared, lenient=choice.mode == "auto")
+        # every setting is checked before the first token (and before a stream is handed out)
+        if not ids:
+            raise RequestError("the prompt is empty: at least one token is needed", "prompt")
+        check_prompt_fits(len(ids), self.n_ctx)
+        self.corpora.check(opts.corpora)  # an unknown name is a 400 before the first token
+        spec = self.spec(opts.speculate)
+        self._check_bias(opts)
+        sampler = opts.sampler(self._constraint(opts))
+        stops = opts.stops()
+        yield Started()
+        slot, keep = yield NeedSlot(ids)
+        if req.deadline is None and opts.timeout is not None:  # a caller's time limit starts now
+            req.deadline = time.monotonic() + opts.timeout
+        run = self._run_on(slot, keep, ids, opts, spec, sampler, stops, detokenize, req.deadline)
+        item = next(run)
+        while True:
+            if isinstance(item, Forward):
+                try:
+                    reply = yield item
+                except GeneratorExit:
+                    run.close()
+                    raise
+                except BaseException as exc:  # noqa: BLE001 - what the loop throws in goes to the run
+                    item = run.throw(exc)
+                    continue
+                item = run.send(reply)
+                continue
+            if tools is None:
+                yield item
+            else:
+                yield from tools.feed(item)
+            if item.completion is not None:
+                run.close()
+                return
+            item = run.send(None)
 
     def _check_ids(self, prompt: Sequence[int]) -> list[int]:
         ids = []
@@ -382,26 +462,6 @@ class Engine:
                 raise RequestError(f"token ids must be integers in 0..{n_vocab - 1}, got {t!r}", "prompt")
             ids.append(int(t))
         return ids
-
-    def _start(self, ids: list[int], opts: RequestOptions, stream: bool,
-               detokenize: Callable[[Sequence[int]], str] | None = None) -> Completion | Iterator[Chunk]:
-        # Every setting is checked before the first token (and before a stream is handed out).
-        if not ids:
-            raise RequestError("the prompt is empty: at least one token is needed", "prompt")
-        check_prompt_fits(len(ids), self.n_ctx)
-        self.corpora.check(opts.corpora)  # an unknown name is a 400 before the first token
-        spec = self.spec(opts.speculate)
-        self._check_bias(opts)
-        sampler = opts.sampler(self._constraint(opts))
-        stops = opts.stops()
-        chunks = self._run(ids, opts, spec, sampler, stops, detokenize or self.backend.detokenize)
-        if stream:
-            return chunks
-        last = None
-        for last in chunks:  # noqa: B007 - the last chunk carries the completion
-            pass
-        assert last is not None and last.completion is not None
-        return last.completion
 
     def _check_bias(self, opts: RequestOptions) -> None:
         n_vocab = int(self.backend.n_vocab)
@@ -434,104 +494,71 @@ class Engine:
             return source
         return GrammarDrafts(source, sampler.constraint)
 
-    def _run(self, ids: list[int], opts: RequestOptions, spec: SourceSpec, sampler: Sampler,
-             stops: list[str], detokenize: Callable[[Sequence[int]], str]) -> Iterator[Chunk]:
-        slot, keep = self._pool.acquire(ids, self.reuse_prefix)
-        sched = self.scheduler
-        source = self.source_for(spec, slot)
-        try:
-            with self.corpora.lease(opts.corpora) as indexes:  # mapped until this request ends
-                use_corpora(source, indexes or None)
-                if sched is not None:
-                    sched.open(slot.seq, ids)
-                    if self.reuse_prefix:
-                        keep = self._copy_prefix(slot, keep, ids)
-                yield from self._run_on(slot, keep, ids, opts, spec, sampler, stops, detokenize)
-        finally:
-            use_corpora(source, None)
-            if sched is not None:
-                sched.close(slot.seq)
-            self._pool.release(slot)
-
-    def _copy_prefix(self, slot: Slot, keep: int, ids: list[int]) -> int:
-        """Where another slot holds, or an earlier running request is reading, a longer prefix of the
-        prompt than ``slot`` holds (by more than :data:`MIN_PREFIX_COPY` positions), copy it into
-        ``slot`` (after waiting for it to be read, :meth:`Scheduler.copy_in_flight`); the positions
-        kept either way."""
-        sched = self.scheduler
-        assert sched is not None
-        donor, n = self._pool.best_donor(ids, slot)
-        got = sched.copy_in_flight(slot.seq, ids, max(keep, n) + MIN_PREFIX_COPY)
-        if got:
-            return got
-        if got == 0:  # it waited and copied nothing: the request it waited for may have left a cache
-            donor, n = self._pool.best_donor(ids, slot)
-        if donor is None or n <= keep + MIN_PREFIX_COPY:
-            return keep
-        return sched.copy_prefix(donor.seq, slot.seq, ids, keep + MIN_PREFIX_COPY) or keep
-
     def _run_on(self, slot: Slot, keep: int, ids: list[int], opts: RequestOptions, spec: SourceSpec,
-                sampler: Sampler, stops: list[str],
-                detokenize: Callable[[Sequence[int]], str]) -> Iterator[Chunk]:
-        """One request on ``slot`` (its decoder, its sources), ``keep`` cached prompt positions reused;
-        its text is ``detokenize`` of its tokens (a tool request's writes its tags: :func:`tag_renderer`)."""
-        sched = self.scheduler
+                sampler: Sampler, stops: list[str], detokenize: Callable[[Sequence[int]], str],
+                deadline: float | None) -> Generator[Any, Any, None]:
+        """One request on ``slot`` (its cache view, its sources), ``keep`` cached prompt positions
+        reused: yields its forwards (sent back their tokens) and its chunks; its text is
+        ``detokenize`` of its tokens (a tool request's writes its tags: :func:`tag_renderer`)."""
         source = self.source_for(spec, slot)
-        choices_before = _choices(source)
-        decoder = slot.decoder
+        view = slot.view
         tracker = TextTracker(detokenize, stops)
-        deadline = None if opts.timeout is None else time.monotonic() + opts.timeout
         ended_by = None
         emitted = 0  # tokens handed out in chunks so far
         slot.cache_valid = False
+        seq = slot.seq
         # a request that drafts nothing (``off``) has no draft to price: the pricing's arithmetic, run
         # every step, is then only cost
-        limit = None if sched is None or source is None else decoder.draft_cap
-        drafter = self._drafter(source, opts, sampler)
-        cached = keep
-        keep, ahead_s, ended_by = _read_prompt_ahead(decoder, ids, keep, opts.cancelled, deadline)
-        if ended_by is None:
-            loop = steps(decoder, ids, opts.max_tokens, drafter, spec.draft, sampler, keep, draft_limit=limit,
-                         settled=None if limit is None else decoder.settled)
-        else:  # cancelled or out of time while reading the prompt: no token
-            name = getattr(drafter, "name", "off")
-            none = Counters(source=name, draft_max=spec.draft, prompt_tokens=len(ids))
-            loop = _ended(Generation([], none, ended_by, seed=sampler.seed))
-        try:
-            new = next(loop)
-            while True:
-                piece = tracker.add(new)
-                if tracker.stopped:
-                    ended_by = "stop"
-                elif deadline is not None and time.monotonic() > deadline:
-                    ended_by = "time"
-                elif opts.cancelled is not None and opts.cancelled():
-                    ended_by = "cancelled"
-                if piece:
-                    chunk = self._chunk(piece, tracker.tokens[emitted:], emitted, ids, sampler)
-                    emitted = len(tracker.tokens)
-                    if sched is None:
-                        yield chunk
-                    else:  # the batch does not wait for this request's consumer
-                        sched.park(slot.seq)
-                        yield chunk
-                        sched.unpark(slot.seq)
-                new = loop.send(ended_by is not None)
-        except StopIteration as done:
-            gen = done.value
-        except GeneratorExit:  # the consumer stopped reading: the cache is still consistent
-            slot.cache_valid = True
-            raise
+        priced = self.loop.pricing is not None and source is not None
+        limit = (lambda: self.loop.draft_cap(seq)) if priced else None
+        settled = (lambda d, a: self.loop.settled(seq, d, a)) if priced else None
+        with self.corpora.lease(opts.corpora) as indexes:  # mapped until this request ends
+            use_corpora(source, indexes or None)
+            try:
+                choices_before = _choices(source)
+                drafter = self._drafter(source, opts, sampler)
+                ops = step_ops(view, ids, opts.max_tokens, drafter, spec.draft, sampler, keep,
+                               draft_limit=limit, settled=settled)
+                try:
+                    item = next(ops)
+                    while True:
+                        if isinstance(item, Forward):
+                            try:
+                                reply = yield item
+                            except PromptEnded as ended:  # cancelled or out of time while reading the prompt
+                                ended_by = ended.why
+                                ops.close()
+                                name = getattr(drafter, "name", "off")
+                                none = Counters(source=name, draft_max=spec.draft, prompt_tokens=len(ids))
+                                gen = Generation([], none, ended_by, seed=sampler.seed)
+                                break
+                            item = ops.send(reply)
+                            continue
+                        piece = tracker.add(item)
+                        if tracker.stopped:
+                            ended_by = "stop"
+                        elif deadline is not None and time.monotonic() > deadline:
+                            ended_by = "time"
+                        elif opts.cancelled is not None and opts.cancelled():
+                            ended_by = "cancelled"
+                        if piece:
+                            yield self._chunk(piece, tracker.tokens[emitted:], emitted, ids, sampler)
+                            emitted = len(tracker.tokens)
+                        item = ops.send(ended_by is not None)
+                except StopIteration as done:
+                    gen = done.value
+            except GeneratorExit:  # closed early: the cache still holds what the view says
+                slot.cache_valid = True
+                raise
+            finally:
+                use_corpora(source, None)
         slot.cache_valid = True
-        gen.counters.cached_tokens = cached  # what the pool reused, not what was read ahead
-        gen.counters.prefill_s += ahead_s
-        if sched is not None:
-            sched.close(slot.seq)  # the other requests' rounds stop waiting for this one now
+        gen.counters.cached_tokens = keep
         with self._lock:
             self.requests += 1
             if source is not None and gen.tokens:  # it ran (the loop's first token ends the prefill)
                 source.commit()  # this request joins the history (and lookup's dynamic cache)
-                save_state(spec, getattr(source, "inner", source))
+                save_state(spec, source)
         stopped_by = ended_by or gen.stopped_by
         n = len(tracker.tokens) if tracker.stopped else len(gen.tokens)
         completion = Completion(
@@ -564,10 +591,10 @@ class Engine:
             return self.history.save(target)
 
     def close(self) -> None:
+        if getattr(self, "loop", None) is not None:
+            self.loop.close()
         if getattr(self, "corpora", None) is not None:
             self.corpora.close()
-        if getattr(self, "scheduler", None) is not None:
-            self.scheduler.stop()
         self.backend.close()
 
     def __enter__(self) -> Engine:
@@ -655,41 +682,23 @@ def _tool_calls_in(calls: Any, i: int) -> list[dict[str, Any]] | None:
     return out
 
 
-def _read_prompt_ahead(decoder: Any, ids: Sequence[int], keep: int, cancelled: Callable[[], bool] | None,
-                       deadline: float | None) -> tuple[int, float, str | None]:
-    """Read a long prompt in the pieces the decoder's own prefill would feed, and look between them
-    whether the request was cancelled or ran out of time: a 4,000-token prompt is ~50 s for
-    Qwen2.5-Coder-1.5B on 2 cores, and a client that left (or a server told to stop) should not wait
-    that out. Alone on a llama.cpp model the pieces are ``n_batch`` tokens from the kept positions
-    (where the backend splits a whole prompt); in a batch, ``prefill_chunk`` tokens a round
-    (:meth:`SlotDecoder.read`, the rounds its prefill takes). Same calls, so the cache and every
-    token after it are the same. The last piece is the loop's own prefill, which samples the first
-    token. Returns the positions now cached, the seconds it took, and why it stopped early (None: it
-    did not). A backend that reads a prompt some other way (transformers) is left to its prefill."""
-    if isinstance(decoder, SlotDecoder):
-        step, read = decoder.scheduler.prefill_chunk, decoder.read
-    elif isinstance(decoder, BatchDecoder) and isinstance(getattr(decoder, "n_batch", None), int):
-        step = decoder.n_batch
-
-        def read(part: Sequence[int], kept: int) -> None:
-            decoder.prefill(part, None, kept)
-    else:
-        return keep, 0.0, None
-    t0 = time.perf_counter()
-    while len(ids) - keep > max(step, 1):
-        if cancelled is not None and cancelled():
-            return keep, time.perf_counter() - t0, "cancelled"
-        if deadline is not None and time.monotonic() > deadline:
-            return keep, time.perf_counter() - t0, "time"
-        read(ids[:keep + step], keep)
-        keep += step
-    return keep, time.perf_counter() - t0, None
-
-
-def _ended(gen: Generation) -> Generator[list[int], bool | None, Generation]:
-    """A loop that ended before its first token: its ``next`` raises StopIteration(``gen``)."""
-    return gen
-    yield []  # a generator, never reached
+def _read_chunks(events: queue.SimpleQueue[tuple[str, Any]], withdraw: Callable[[], None]) -> Iterator[Chunk]:
+    """A library caller's chunks, as the engine loop emits them (after ``"start"``); a caller that
+    stops reading early ends the request at its next step (its slot is freed), not at GC."""
+    ended = False
+    try:
+        while True:
+            kind, payload = events.get()
+            if kind == "chunk":
+                yield payload
+            elif kind == "error":
+                raise payload
+            elif kind == "end":
+                ended = True
+                return
+    finally:
+        if not ended:
+            withdraw()
 
 
 def _last(chunks: Iterator[Chunk]) -> Completion:
@@ -701,13 +710,12 @@ def _last(chunks: Iterator[Chunk]) -> Completion:
     return last.completion
 
 
-def _tool_chunks(chunks: Iterator[Chunk], fmt: ToolFormat, tools: Sequence[Any],
-                 lenient: bool = False) -> Iterator[Chunk]:
-    """``chunks`` of a reply that may call tools: text goes out as long as it is surely content
-    (:meth:`~promptlookup.tools.ToolFormat.safe_prefix`); the rest is held, with its tokens and
-    logprobs, until the end, where the whole reply is parsed. Parsed calls go on the completion (its
-    text then the content before them, finish reason "tool_calls"); a reply that does not parse, or
-    that the token limit cut, is text, as without tools.
+class ToolChunks:
+    """The chunks of a reply that may call tools, fed one by one (:meth:`feed`): text goes out as
+    long as it is surely content (:meth:`~promptlookup.tools.ToolFormat.safe_prefix`); the rest is
+    held, with its tokens and logprobs, until the end, where the whole reply is parsed. Parsed calls
+    go on the completion (its text then the content before them, finish reason "tool_calls"); a reply
+    that does not parse, or that the token limit cut, is text, as without tools.
 
     ``lenient`` (``tool_choice: "auto"``): a reply that is only JSON calls of the tools, bare or
     fenced (:mod:`promptlookup.lenient`), is calls too, when the format's own parse finds none; the
@@ -716,44 +724,46 @@ def _tool_chunks(chunks: Iterator[Chunk], fmt: ToolFormat, tools: Sequence[Any],
     and the prose around them the content: prose streams up to the first fence that may be a call.
     Held text depends only on the text so far, never on how it was cut into chunks, so a stream's
     content and calls are the whole answer's."""
-    names = [t.name for t in tools]
-    mixed = lenient
-    text = ""
-    sent = 0
-    tokens: list[int] = []
-    lps: list[TokenLogprob] | None = None
-    try:
-        for chunk in chunks:
-            text += chunk.text
-            tokens.extend(chunk.tokens)
-            if chunk.logprobs is not None:
-                lps = [*(lps or ()), *chunk.logprobs]
-            c = chunk.completion
-            if c is None:
-                lenient = lenient and lenient_possible(text, names)
-                safe = 0 if lenient else fmt.safe_prefix(text)
-                if mixed:
-                    safe = min(safe, mixed_hold(text, names))
-                safe = max(sent, safe)
-                if safe > sent:
-                    yield Chunk(text[sent:safe], tokens, logprobs=lps)
-                    sent, tokens, lps = safe, [], None
-                continue
-            parsed = fmt.parse(c.text, tools) if c.finish_reason == "stop" else None
-            if parsed is None and mixed and c.finish_reason == "stop":
-                calls = lenient_parse(c.text, tools) if lenient else None
-                parsed = ("", calls) if calls is not None else parse_mixed(c.text, tools)
-            if parsed is not None:
-                content, calls = parsed
-                c.text, c.tool_calls, c.finish_reason = content, calls, "tool_calls"
-                yield Chunk(content[sent:], tokens, completion=c, logprobs=lps)
-            else:
-                yield Chunk(text[sent:], tokens, completion=c, logprobs=lps)
-            return
-    finally:  # a consumer that stops early ends the generation now (its slot is freed), not at GC
-        close = getattr(chunks, "close", None)
-        if close is not None:
-            close()
+
+    def __init__(self, fmt: ToolFormat, tools: Sequence[Any], lenient: bool = False) -> None:
+        self.fmt = fmt
+        self.tools = list(tools)
+        self.names = [t.name for t in tools]
+        self.lenient = lenient
+        self.mixed = lenient
+        self.text = ""
+        self.sent = 0
+        self.tokens: list[int] = []
+        self.lps: list[TokenLogprob] | None = None
+
+    def feed(self, chunk: Chunk) -> list[Chunk]:
+        """What goes out after ``chunk``: nothing, a chunk of safe text, or the last chunk."""
+        self.text += chunk.text
+        self.tokens.extend(chunk.tokens)
+        if chunk.logprobs is not None:
+            self.lps = [*(self.lps or ()), *chunk.logprobs]
+        c = chunk.completion
+        text, sent = self.text, self.sent
+        if c is None:
+            self.lenient = self.lenient and lenient_possible(text, self.names)
+            safe = 0 if self.lenient else self.fmt.safe_prefix(text)
+            if self.mixed:
+                safe = min(safe, mixed_hold(text, self.names))
+            safe = max(sent, safe)
+            if safe <= sent:
+                return []
+            out = Chunk(text[sent:safe], self.tokens, logprobs=self.lps)
+            self.sent, self.tokens, self.lps = safe, [], None
+            return [out]
+        parsed = self.fmt.parse(c.text, self.tools) if c.finish_reason == "stop" else None
+        if parsed is None and self.mixed and c.finish_reason == "stop":
+            calls = lenient_parse(c.text, self.tools) if self.lenient else None
+            parsed = ("", calls) if calls is not None else parse_mixed(c.text, self.tools)
+        if parsed is not None:
+            content, calls = parsed
+            c.text, c.tool_calls, c.finish_reason = content, calls, "tool_calls"
+            return [Chunk(content[sent:], self.tokens, completion=c, logprobs=self.lps)]
+        return [Chunk(text[sent:], self.tokens, completion=c, logprobs=self.lps)]
 
 
 def _options(options: RequestOptions | None, fields: Mapping[str, Any]) -> RequestOptions:

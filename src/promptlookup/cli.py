@@ -421,7 +421,7 @@ def _add_corpora_args(p: argparse.ArgumentParser) -> None:
 def _add_serve_command(sub) -> None:
     from promptlookup.api import DEFAULT_SPECULATE, MAX_PARALLEL
     from promptlookup.backends.context_size import MAX_SLOTS
-    from promptlookup.batching.scheduler import DEFAULT_PREFILL_CHUNK
+    from promptlookup.batching.engine_loop import DEFAULT_PREFILL_CHUNK
 
     s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (chat, completions, streaming)",
                        description="Serve /v1/chat/completions, /v1/completions, /v1/models, /health and "

@@ -6,11 +6,12 @@ from a route through the queue to its response.
 ``GET /health`` and ``GET /metrics``. A request's path: the route (:data:`router`) checks the body into
 a :class:`~promptlookup.serve.queue.Job` -- data: its kind, its prompt, its
 :class:`~promptlookup.options.RequestOptions` built once by the schema's ``to_options`` --, and
-:meth:`Server.respond` queues it; the worker thread (:mod:`.queue`) hands it to the engine; the server
-watches the client and answers whole or as a stream, with the objects :mod:`.render` builds. Nothing a
-client sends can crash the server or earn a 500: the ASGI guard (:mod:`.guard`) checks the API key and
-reads the body (size limit, UTF-8, JSON) before FastAPI sees it, pydantic checks the fields against
-:mod:`.schemas`, and every error -- FastAPI's 422s included -- is answered as OpenAI's error object
+:meth:`Server.respond` hands it to the engine loop (:meth:`~promptlookup.api.Engine.submit`), whose
+events come back through the job (:mod:`.queue`); the server watches the client and answers whole or
+as a stream, with the objects :mod:`.render` builds. Nothing a client sends can crash the server or
+earn a 500: the ASGI guard (:mod:`.guard`) checks the API key and reads the body (size limit, UTF-8,
+JSON) before FastAPI sees it, pydantic checks the fields against :mod:`.schemas`, and every error --
+FastAPI's 422s included -- is answered as OpenAI's error object
 (:func:`.guard.error_response`) with a 4xx status.
 """
 
@@ -39,7 +40,7 @@ from promptlookup.serve import schemas as s
 from promptlookup.serve.guard import Guard, error_response
 from promptlookup.serve.history import HistorySaver
 from promptlookup.serve.metrics import CONTENT_TYPE, Metrics
-from promptlookup.serve.queue import Event, Job, Worker, error_event
+from promptlookup.serve.queue import Event, Job, TokenTexts, error_event
 from promptlookup.serve.render import Render, public_label
 from promptlookup.tools import format_for
 
@@ -83,14 +84,16 @@ SSE = {"text/event-stream": {"schema": SSE_EVENT}}
 
 # -- requests to engine options ---------------------------------------------------------------------
 class Server:
-    """The app's state: the engine, its worker, the metrics, the history saver."""
+    """The app's state: the engine (its loop runs the requests), the metrics, the history saver."""
 
     def __init__(self, engine: Engine, settings: Settings) -> None:
         self.engine = engine
         self.settings = settings
-        self.worker = Worker(engine, settings.max_queue, on_done=self._done)
-        self.metrics = Metrics(lambda: self.worker.waiting, lambda: self.worker.running,
-                               lambda: getattr(getattr(engine, "scheduler", None), "stats", None))
+        self.loop = engine.loop
+        self.loop.max_queue = settings.max_queue
+        self.closing = False
+        self.metrics = Metrics(lambda: self.loop.waiting, lambda: self.loop.running,
+                               lambda: self.loop.stats if self.loop.parallel > 1 else None)
         self.history = HistorySaver(engine, settings.history_save_every,
                                     on_save=self.metrics.history_saves.inc)
         self.model = settings.model_alias or engine.model_name
@@ -98,10 +101,11 @@ class Server:
         self._spec_labels: set[str] = {engine.default_spec.label}
 
     def _done(self, job: Job) -> None:
-        """After every generation (on the worker), whether its client stayed or not."""
+        """After every generation (on the event loop), whether its client stayed or not; a history
+        save, when one is due, on an executor thread (a file write must not stall the event loop)."""
         c = job.completion
         self.metrics.finished(c.counters, "cancelled" if c.stopped_by == "cancelled" else c.finish_reason)
-        self.history.request_done()
+        asyncio.get_running_loop().run_in_executor(None, self.history.request_done)
 
     # -- checks before a request is queued ------------------------------------------------------
     def speculate(self, text: str | None) -> Any:
@@ -125,22 +129,28 @@ class Server:
 
     # -- running a job --------------------------------------------------------------------------
     def job(self, kind: str, prompt: Any, body: s.SamplingFields) -> Job:
-        """A request, checked, as the data the worker runs: its options built once from the body."""
+        """A request, checked, as the data the engine loop runs: its options built once from the body."""
         opts = body.to_options(self.engine.n_ctx, self.speculate(body.speculate))
         timeout = self.settings.timeout
         return Job(kind, prompt, opts, asyncio.get_running_loop(),
-                   deadline=None if timeout is None else time.monotonic() + timeout)
+                   deadline=None if timeout is None else time.monotonic() + timeout,
+                   annotate=TokenTexts(self.engine.detokenize) if opts.logprobs is not None else None,
+                   on_done=self._done)
 
     async def respond(self, request: Request, job: Job, render: Render) -> Response:
         """Queue ``job`` and answer with its events: whole, or as a stream (``render.stream``)."""
         stream = render.stream
-        if not self.worker.submit(job):
+        submitted = None if self.closing else self.engine.submit(
+            job.kind, job.prompt, job.options, job.sink, job.cancel, job.deadline)
+        if submitted is None:
             self.metrics.rejected.inc()
             self.metrics.errors.labels("503").inc()
-            return error_response(503, f"the server is busy: {self.worker.waiting} requests are waiting "
+            if self.closing:
+                return error_response(503, "the server is shutting down", "server_error")
+            return error_response(503, f"the server is busy: {self.loop.waiting} requests are waiting "
                                        f"(--max-queue {self.settings.max_queue}); retry later",
                                   "server_error", code="queue_full",
-                                  headers={"Retry-After": str(self.worker.retry_after())})
+                                  headers={"Retry-After": str(self.loop.retry_after())})
         watcher = asyncio.create_task(self._watch(request, job))
         try:
             first = await self._next(job)
@@ -158,8 +168,18 @@ class Server:
             return await self._whole(job, watcher, render)
         except BaseException:
             watcher.cancel()
-            self.worker.withdraw(job)
+            self.withdraw(job)
             raise
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Refuse new requests, end the running ones at their next step, and wait up to ``timeout``."""
+        self.closing = True
+        self.loop.stop(timeout)
+
+    def withdraw(self, job: Job) -> None:
+        """The job's client went away: its request ends at its next step (dropped if it waits)."""
+        job.cancel.set()
+        self.loop.wake()
 
     async def _watch(self, request: Request, job: Job) -> None:
         """Wait for the client's disconnect; then cancel its job (dropped, or ended at its next step).
@@ -171,7 +191,7 @@ class Server:
                 if msg["type"] == "http.disconnect":
                     if not job.cancel.is_set():
                         self.metrics.cancelled.inc()
-                    self.worker.withdraw(job)
+                    self.withdraw(job)
                     return
         finally:
             job.events.put_nowait(GONE)
@@ -238,7 +258,7 @@ class Server:
             yield "data: [DONE]\n\n"
         finally:
             watcher.cancel()
-            self.worker.withdraw(job)  # a no-op when it finished; ends it at its next step otherwise
+            self.withdraw(job)  # a no-op when it finished; ends it at its next step otherwise
 
 
 def _sse_line(obj: Any) -> str:
@@ -325,10 +345,9 @@ router = APIRouter()
 @router.get("/health", response_model=s.Health, tags=["server"])
 async def health(request: Request) -> dict[str, Any]:
     server = _server(request)
-    return {"status": "ok", "model": server.model, "parallel": server.worker.parallel,
-            "running": server.worker.running,
-            "waiting": server.worker.waiting, "max_queue": server.settings.max_queue,
-            "requests": server.worker.served}
+    loop = server.loop
+    return {"status": "ok", "model": server.model, "parallel": loop.parallel, "running": loop.running,
+            "waiting": loop.waiting, "max_queue": server.settings.max_queue, "requests": loop.served}
 
 
 @router.get("/metrics", tags=["server"], response_class=Response, responses={
@@ -379,11 +398,11 @@ def create_app(engine: Engine, settings: Settings | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        server.worker.start()
+        server.closing = False
         try:
             yield
         finally:
-            server.worker.stop()
+            server.stop()
             try:
                 server.history.save()
             except (UserError, OSError) as exc:

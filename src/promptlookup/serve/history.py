@@ -3,8 +3,9 @@
 The engine loads ``--history FILE`` at start (a corrupt or foreign file is refused there) and every
 request's text joins the history in memory. :class:`HistorySaver` writes it back atomically
 (``fileio.atomic_write``: a temporary file, fsync, ``os.replace``), so a server killed at any moment
-leaves the previous file or the new one, never half of one. Saves run on the engine's worker thread
-between requests (the engine's lock is free there) and on the main thread after the worker stopped.
+leaves the previous file or the new one, never half of one. Saves run on an executor thread after
+a request (holding the engine's lock, which a request takes only to join the history) and on the main
+thread after the engine loop stopped.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class HistorySaver:
         return self.engine.history_path is not None
 
     def request_done(self) -> None:
-        """Called after each finished request (on the worker): save every ``every`` requests."""
+        """Called after each finished request (off the event loop): save every ``every`` requests."""
         if not self.enabled:
             return
         with self._lock:

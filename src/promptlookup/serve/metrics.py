@@ -32,11 +32,11 @@ LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0,
 
 
 class RoundCollector:
-    """The continuous-batching rounds (:class:`~promptlookup.batching.scheduler.RoundStats`), read at
+    """The continuous-batching rounds (:class:`~promptlookup.batching.engine_loop.RoundStats`), read at
     scrape time: how many rounds ran, with how many sequences and tokens, in how many seconds. Why:
     ``batch_forward_seconds_total`` against the wall clock says how much of the server's time is the
     model's (the rest is ours: HTTP, text, drafting); ``batch_round_parts_total / batch_rounds_total``
-    is the mean batch. Nothing is exported without a scheduler (``--parallel 1``)."""
+    is the mean batch. Nothing is exported with one slot (``--parallel 1``)."""
 
     def __init__(self, stats: Callable[[], object | None]) -> None:
         self._stats = stats
@@ -46,7 +46,7 @@ class RoundCollector:
         if s is None:
             return
         for name, doc, value in (
-                ("batch_rounds", "rounds run by the continuous-batching scheduler (one llama_decode each)",
+                ("batch_rounds", "rounds run by the engine loop with several slots (one decode_many each)",
                  s.rounds),
                 ("batch_round_parts", "sequences fed, summed over the rounds", s.parts),
                 ("batch_round_tokens", "tokens fed (prompt chunks, drafts, pending tokens)", s.tokens),

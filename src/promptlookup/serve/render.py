@@ -5,7 +5,7 @@ logprobs in each (chat's ``content`` entries with bytes, completions' ``tokens``
 ``top_logprobs``/``text_offset``), ``usage``, and our extensions (llama-server's ``timings``, the
 ``counters``, the ``seed``) -- is one job, independent of how a request is queued and run. A
 :class:`Render` turns an engine :class:`~promptlookup.api.Completion` and its
-:class:`~promptlookup.api.Chunk` s (with the token texts the worker looked up for each,
+:class:`~promptlookup.api.Chunk` s (with the token texts the engine loop looked up for each,
 :class:`~promptlookup.serve.queue.TokenTexts`) into plain dicts; the app serializes them. A stream's
 chunk carries the logprobs of its own tokens, as OpenAI's do; the final chunk only those of tokens no
 earlier chunk carried.

@@ -3,8 +3,8 @@
 Why our own ``uvicorn.Server``: on a signal, uvicorn waits for open connections before the app's
 shutdown runs, and a stream that is still generating would hold it there; so the first SIGTERM or
 SIGINT cancels every job at once (a running generation ends at its next step), then uvicorn shuts
-down, the app's lifespan stops the worker and saves the history, and the process exits 0. Uvicorn
-itself re-raises a captured signal after shutdown (the process would die by it); this server
+down, the app's lifespan ends the engine loop's requests and saves the history, and the process
+exits 0. Uvicorn itself re-raises a captured signal after shutdown (the process would die by it); this server
 records the signal only, so the exit status says the shutdown went well. A second SIGINT forces
 the exit.
 """
@@ -35,7 +35,7 @@ class _Server(uvicorn.Server):
         if self.should_exit and sig == signal.SIGINT:
             self.force_exit = True
         self.should_exit = True
-        self._app.state.server.worker.stop(timeout=0)  # cancel now; the lifespan waits for the thread
+        self._app.state.server.stop(timeout=0)  # cancel now; the lifespan waits for the requests
 
     async def startup(self, sockets: Any = None) -> None:
         await super().startup(sockets)
