@@ -6,7 +6,7 @@ server benchmark (``serve_batch.py``) one client got 53-56 tok/s from ``--parall
 the server away: the same requests, one at a time, on engines with 1 and N slots loaded side by side
 in one process, interleaved request by request (so a machine that drifts drifts under both), with
 ``auto`` and with ``off`` (the difference between those two rows is speculation's, the rest is the
-batching path's: the forward thread, the SlotDecoder, N KV streams, prompt chunks). Per cell: tok/s
+batching path's: the pricing, N KV streams, prompt chunks). Per cell: tok/s
 over every request (generated tokens / wall), prefill and decode seconds, verify decodes, drafted
 and accepted tokens.
 

@@ -21,6 +21,8 @@ reuses the cache of, another level's requests):
 - ``ours-fifo``    ``--parallel 1``: one request at a time, as before continuous batching
 - ``ours-nofa``    ``ours`` with flash attention off (``PROMPTLOOKUP_FLASH_ATTENTION=off``)
 - ``ours-npN`` / ``ours-npN-off``     ``--parallel N`` (any N), auto / ``--speculate off``
+- ``base`` / ``base-off``   ``ours`` / ``ours-off`` run from another source tree (``--base-src DIR``: a
+                   checkout of an older commit, the code a change is measured against in the same run)
 - ``ls-npN``       llama-server ``-np N`` (any N; continuous batching), plain; built from the same
                    llama.cpp with its own default kernels (``--llama-kernels``)
 - ``ls-npN-spec``  the same with its n-gram drafting (``--spec-default``)
@@ -113,6 +115,15 @@ def row_spec(key: str, args: argparse.Namespace) -> RowSpec:
             "--max-queue", "256"]
     if key == "ours":
         return RowSpec(key, "promptlookup serve", ours, ours_env)
+    if key in ("base", "base-off"):
+        if not args.base_src:
+            raise SystemExit(f"row {key} needs --base-src DIR (a checkout of the code to compare with)")
+        base_env = {**env, "PYTHONPATH": os.pathsep.join([str(Path(args.base_src).resolve() / "src"),
+                                                          *filter(None, [env.get("PYTHONPATH")])])}
+        argv = ours if key == "base" else [*ours, "--speculate", "off"]
+        return RowSpec(key, f"promptlookup serve from {args.base_src}" + (" --speculate off" if
+                                                                            key == "base-off" else ""),
+                       argv, base_env)
     if key == "ours-off":
         return RowSpec(key, "promptlookup serve --speculate off", [*ours, "--speculate", "off"], ours_env)
     if key == "ours-nofa":
@@ -146,7 +157,7 @@ def row_spec(key: str, args: argparse.Namespace) -> RowSpec:
 
 def round_counters(server: Server) -> dict[str, float] | None:
     """Our server's batching counters from ``/metrics`` (``rounds``, ``parts``, ``tokens``,
-    ``seconds``: its forwards' time); None for a peer, or without a scheduler."""
+    ``seconds``: its forwards' time); None for a peer, or with one slot."""
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
     try:
         conn.request("GET", "/metrics")
@@ -222,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
                         "alternates them; blocks: even requests copy-heavy, the layout before 2026-12-02)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--request-timeout", type=float, default=600.0)
+    p.add_argument("--base-src", help="the rows base and base-off run the code of this checkout")
     p.add_argument("--llama-server", help="llama-server binary (default: built by benchmarks/llama_tools.py)")
     p.add_argument("--llama-kernels", choices=("fast", "invariant"), default="fast",
                    help="the llama-server that llama_tools.py builds: fast (default) = llama.cpp's own "

@@ -103,6 +103,7 @@ class Request:
     deadline: float | None = None
     cancelled: Callable[[], bool] | None = None
     arrived: float = field(default_factory=time.monotonic)
+    admitted: float | None = None  # when it got a slot
     # the loop's own state
     ids: Sequence[int] = ()
     slot: Slot | None = None
@@ -299,7 +300,7 @@ class EngineLoop:
                 break
             self._queued.popleft()
             slot, keep = got
-            req.slot = slot
+            req.slot, req.admitted = slot, time.monotonic()
             self._running[slot.seq] = req
             if self.pricing is not None:
                 self.pricing.start(slot.seq)
@@ -459,7 +460,7 @@ class EngineLoop:
             self._running.pop(slot.seq, None)
             self._fed.pop(slot.seq, None)
             self.pool.release(slot)
-            took = time.monotonic() - req.arrived
+            took = time.monotonic() - (req.admitted or req.arrived)
             self.service_s = 0.8 * self.service_s + 0.2 * took if self.served else took
             self.served += 1
         req.emit("end", None)
