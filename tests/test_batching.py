@@ -602,24 +602,24 @@ def test_batch_cost_learns_from_a_round_of_several_forwards():
 
 
 def test_a_prompt_shared_with_a_running_request_is_copied_not_computed():
-    """Request B opens with the same 180 bytes as request A, which is still running on slot 0 (its
-    reader holds it): B takes slot 1, copies the 180 bytes from slot 0 and computes only the rest;
-    both get the tokens they get alone."""
+    """Request B opens with the same 180 bytes as request A, which has read its prompt and is still
+    writing on slot 0 when B arrives: B takes slot 1, copies the 180 bytes from slot 0 and computes
+    only the rest; both get the tokens they get alone."""
     engine, model = batch_engine(2, "off")
-    held = engine.generate(SHARED + "A: summarise it.", max_tokens=20, stream=True)
-    first = next(held)
-    assert first.tokens
-    prompt_b = SHARED + "B: list the functions."
-    fed_before = sum(n for r in model.rounds for seq, n, _ in r if seq == 1)
-    got = engine.generate(prompt_b, max_tokens=20)
-    fed = sum(n for r in model.rounds for seq, n, _ in r if seq == 1) - fed_before
+    prompt_a, prompt_b = SHARED + "A: summarise it.", SHARED + "B: list the functions."
+    out: dict = {}
+    threads = start_when_waited(engine, model, 3, [(prompt_b, 20)], out)  # A's third step
+    got_a = engine.generate(prompt_a, max_tokens=20)
+    for t in threads:
+        t.join(60)
+    got = out[prompt_b]
+    fed = sum(n for r in model.rounds for seq, n, _ in r if seq == 1)
     shared = len(SHARED.encode())  # the bytes both prompts open with
     assert model.copies == [(0, 1, shared)]
     assert got.cached_tokens == shared
     assert fed == len(prompt_b.encode()) - shared + len(got.tokens) - 1  # the rest, then one per token
     assert got.tokens == alone(prompt_b, "off", max_tokens=20)
-    rest = [t for c in held for t in c.tokens]
-    assert first.tokens + rest == alone(SHARED + "A: summarise it.", "off", max_tokens=20)
+    assert got_a.tokens == alone(prompt_a, "off", max_tokens=20)
     assert engine.loop.prefix_copies == 1 and engine.loop.prefix_copied_tokens == shared
 
 

@@ -279,11 +279,11 @@ class EngineLoop:
         if parts:
             self._forward(parts)
         self._round = {}
-        if stopping and not self._running:
-            with self._lock:
+        with self._lock:  # idle: off the compute thread's list (an engine nobody uses can be freed)
+            if not (self._incoming or self._new or self._queued or self._running):
                 self._stopping = self._attached = False
                 compute_thread.detach(self)
-            self._stopped.set()
+                self._stopped.set()
 
     # -- admission --------------------------------------------------------------------------------
     def _admit(self) -> None:
