@@ -32,7 +32,8 @@ def engines():
 
 
 def gathered(engine, n: int) -> None:
-    """Hold the first forward until ``n`` requests run, so they share forwards however threads run."""
+    """Hold the first forward until ``n`` requests were handed to the loop, so they share forwards
+    however threads run."""
     backend = engine.backend
     inner = backend.decode_many
     first = threading.Event()
@@ -42,7 +43,7 @@ def gathered(engine, n: int) -> None:
             first.set()
             wait = threading.Event()
             for _ in range(10_000):
-                if engine.loop.running >= n or wait.wait(0.001):
+                if engine.loop.running + engine.loop.waiting >= n or wait.wait(0.001):
                     break
         return inner(parts)
 
