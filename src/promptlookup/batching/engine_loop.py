@@ -460,9 +460,10 @@ class EngineLoop:
             self._running.pop(slot.seq, None)
             self._fed.pop(slot.seq, None)
             self.pool.release(slot)
-            took = time.monotonic() - (req.admitted or req.arrived)
-            self.service_s = 0.8 * self.service_s + 0.2 * took if self.served else took
-            self.served += 1
+            if exc is None:  # a request served: how long it held its slot (Retry-After)
+                took = time.monotonic() - (req.admitted or req.arrived)
+                self.service_s = 0.8 * self.service_s + 0.2 * took if self.served else took
+                self.served += 1
         req.emit("end", None)
 
     def _drop(self, req: Request, timed_out: bool = False) -> None:
