@@ -427,6 +427,8 @@ class EngineLoop:
                             results.append(self.backend.decode_many([p])[0])
                         except BackendError as one:
                             results.append(one)
+            except Exception as exc:  # an unexpected failure reaches every part's request
+                results = [exc] * len(parts)
         seconds = self.clock() - t0
         self.stats.add(len(parts), sum(len(p.ids) for _, p in parts), seconds)
         if self.pricing is not None:
@@ -479,7 +481,7 @@ class EngineLoop:
         for req in [*self._new, *self._queued]:
             req.ops.close()
             req.done = True
-            req.emit("error", ShuttingDown("the server is shutting down"))
+            req.emit("error", ShuttingDown("the engine is stopping: the request was not started"))
             req.emit("end", None)
         self._new, self._queued = [], collections.deque()
 
