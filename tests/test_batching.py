@@ -751,3 +751,24 @@ def test_a_short_shared_prefix_or_reuse_prefix_off_copies_nothing():
     engine.generate(SHARED + "B", max_tokens=5)
     assert model.copies == []
     list(busy)
+
+
+def test_an_unexpected_failure_of_a_forward_reaches_every_part_and_the_loop_goes_on():
+    model = BatchByteModel(n_seq=2)
+    loop = loop_of(model)
+    events: list = []
+    for s in range(2):
+        loop.submit(Request(scripted([97 + s], [Forward("prefill", [97 + s])], []),
+                            lambda k, p, s=s: events.append((s, k, type(p).__name__ if p else None))))
+    model.on_round = lambda n: 1 // 0  # a bug, not a refusal: no part is at fault alone
+    loop.round()  # both prompts in one forward, which fails
+    loop.round()  # each request is thrown the error and ends
+    assert [e for e in events if e[1] == "error"] == [(0, "error", "ZeroDivisionError"),
+                                                     (1, "error", "ZeroDivisionError")]
+    assert loop.running == 0 and loop.pool.busy == 0
+    model.on_round = None
+    log: list = []
+    loop.submit(Request(scripted([99], [Forward("prefill", [99])], log), lambda k, p: None))
+    loop.round()
+    loop.round()
+    assert log == [("slot", 0, 0), (0, "prefill", [ByteModel().prefill([99])])]

@@ -163,6 +163,7 @@ class EngineLoop:
         self._fed: dict[int, tuple[int, str]] = {}  # running seq: (tokens, want) of the last part it fed
         self._round: dict[int, tuple[int, str]] = {}  # this round's parts so far
         self._fresh: set[Request] = set()  # requests that took their forward this round
+        self._driven = driven
         self._attached = not driven  # a loop nobody drives is never attached
 
     # -- what other threads call ----------------------------------------------------------------
@@ -281,8 +282,10 @@ class EngineLoop:
         self._round = {}
         with self._lock:  # idle: off the compute thread's list (an engine nobody uses can be freed)
             if not (self._incoming or self._new or self._queued or self._running):
-                self._stopping = self._attached = False
-                compute_thread.detach(self)
+                self._stopping = False
+                if self._driven:
+                    self._attached = False
+                    compute_thread.detach(self)
                 self._stopped.set()
 
     # -- admission --------------------------------------------------------------------------------
