@@ -134,3 +134,23 @@ def test_a_served_request_touches_two_threads_the_event_loop_and_the_engine_loop
     for name in ("tokenize", "propose", "decode_many", "detokenize", "events"):
         assert seen[name] == {"promptlookup-compute"}, name
     assert len(seen["route"]) == 1 and seen["route"] != {"promptlookup-compute"}
+
+
+def test_a_history_save_that_fails_after_a_request_is_logged_and_the_server_serves_on(tmp_path, caplog):
+    from starlette.testclient import TestClient
+
+    from promptlookup.serve.app import Settings, create_app
+
+    (tmp_path / "a-file").write_text("not a directory")
+    engine = Engine.from_backend(ByteModel(), speculate="suffix", history=tmp_path / "a-file" / "h")
+    body = {"prompt": "a b c a b c", "max_tokens": 8}
+    with caplog.at_level("ERROR", logger="promptlookup.serve"), \
+            TestClient(create_app(engine, Settings(history_save_every=1))) as client:
+        assert client.post("/v1/completions", json=body).status_code == 200
+        for _ in range(3000):  # the save runs on an executor thread after the response
+            if "saving the history after a request failed" in caplog.text:
+                break
+            time.sleep(0.01)
+        assert client.post("/v1/completions", json=body).status_code == 200
+    assert "saving the history after a request failed" in caplog.text
+    engine.close()

@@ -105,7 +105,13 @@ class Server:
         save, when one is due, on an executor thread (a file write must not stall the event loop)."""
         c = job.completion
         self.metrics.finished(c.counters, "cancelled" if c.stopped_by == "cancelled" else c.finish_reason)
-        asyncio.get_running_loop().run_in_executor(None, self.history.request_done)
+        asyncio.get_running_loop().run_in_executor(None, self._history_after_request)
+
+    def _history_after_request(self) -> None:
+        try:
+            self.history.request_done()
+        except Exception:  # e.g. a history save that failed (a full disk): logged, served on
+            log.exception("promptlookup serve: saving the history after a request failed")
 
     # -- checks before a request is queued ------------------------------------------------------
     def speculate(self, text: str | None) -> Any:
