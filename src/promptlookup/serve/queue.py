@@ -33,12 +33,12 @@ log = logging.getLogger("promptlookup.serve")
 
 @dataclass
 class Event:
-    """What the worker tells the loop: ``start`` (the job left the queue), ``chunk`` (a step's text;
-    the last one carries the completion), ``error`` (status, type, message, param) or ``end``."""
+    """What the engine loop tells the event loop: ``start`` (the checks passed), ``chunk`` (a step's
+    text; the last one carries the completion), ``error`` (status, type, message, param) or ``end``."""
 
     kind: str
     chunk: Any = None
-    extra: Any = None  # on a chunk: what the worker computed for its response (token texts)
+    extra: Any = None  # on a chunk: what the engine loop computed for its response (token texts)
     status: int = 0
     type: str = ""
     message: str = ""
@@ -48,8 +48,8 @@ class Event:
 @dataclass(eq=False)
 class Job:
     """One request: ``kind`` ("chat": ``prompt`` is messages; "completion": text or token ids) and its
-    checked ``options`` (with logprobs asked for, the worker also looks up the texts of each chunk's
-    logprob tokens: :class:`TokenTexts`)."""
+    checked ``options`` (with logprobs asked for, :meth:`sink` also looks up the texts of each chunk's
+    logprob tokens, on the engine loop: :class:`TokenTexts`)."""
 
     kind: str
     prompt: Any
@@ -97,9 +97,9 @@ class Job:
 
 
 class TokenTexts:
-    """One request's worker-side lookup of the texts of a chunk's logprob tokens (chosen and top; on
-    the last chunk, those of the whole completion too), each token detokenized once: the model is
-    the worker's to use, so the response's renderer never touches it."""
+    """One request's lookup of the texts of a chunk's logprob tokens (chosen and top; on the last
+    chunk, those of the whole completion too), each token detokenized once, on the engine loop: the
+    model is the loop's to use, so the response's renderer never touches it."""
 
     def __init__(self, detokenize: Callable[[list[int]], str]) -> None:
         self.detokenize = detokenize
