@@ -431,28 +431,8 @@ class Engine:
         slot, keep = yield NeedSlot(ids)
         if req.deadline is None and opts.timeout is not None:  # a caller's time limit starts now
             req.deadline = time.monotonic() + opts.timeout
-        run = self._run_on(slot, keep, ids, opts, spec, sampler, stops, detokenize, req.deadline)
-        item = next(run)
-        while True:
-            if isinstance(item, Forward):
-                try:
-                    reply = yield item
-                except GeneratorExit:
-                    run.close()
-                    raise
-                except BaseException as exc:  # noqa: BLE001 - what the loop throws in goes to the run
-                    item = run.throw(exc)
-                    continue
-                item = run.send(reply)
-                continue
-            if tools is None:
-                yield item
-            else:
-                yield from tools.feed(item)
-            if item.completion is not None:
-                run.close()
-                return
-            item = run.send(None)
+        yield from self._run_on(slot, keep, ids, opts, spec, sampler, stops, detokenize, req.deadline,
+                                None if tools is None else tools.feed)
 
     def _check_ids(self, prompt: Sequence[int]) -> list[int]:
         ids = []
@@ -496,10 +476,15 @@ class Engine:
 
     def _run_on(self, slot: Slot, keep: int, ids: list[int], opts: RequestOptions, spec: SourceSpec,
                 sampler: Sampler, stops: list[str], detokenize: Callable[[Sequence[int]], str],
-                deadline: float | None) -> Generator[Any, Any, None]:
+                deadline: float | None,
+                post: Callable[[Chunk], list[Chunk]] | None = None) -> Generator[Any, Any, None]:
         """One request on ``slot`` (its cache view, its sources), ``keep`` cached prompt positions
         reused: yields its forwards (sent back their tokens) and its chunks; its text is
-        ``detokenize`` of its tokens (a tool request's writes its tags: :func:`tag_renderer`)."""
+        ``detokenize`` of its tokens (a tool request's writes its tags: :func:`tag_renderer`), and
+        ``post`` turns each chunk into the ones handed out (a tool request's: :meth:`ToolChunks.feed`)."""
+        def out(chunk: Chunk) -> list[Chunk]:
+            return [chunk] if post is None else post(chunk)
+
         source = self.source_for(spec, slot)
         view = slot.view
         tracker = TextTracker(detokenize, stops)
@@ -542,8 +527,9 @@ class Engine:
                         elif opts.cancelled is not None and opts.cancelled():
                             ended_by = "cancelled"
                         if piece:
-                            yield self._chunk(piece, tracker.tokens[emitted:], emitted, ids, sampler)
+                            chunk = self._chunk(piece, tracker.tokens[emitted:], emitted, ids, sampler)
                             emitted = len(tracker.tokens)
+                            yield from out(chunk)
                         item = ops.send(ended_by is not None)
                 except StopIteration as done:
                     gen = done.value
@@ -570,7 +556,7 @@ class Engine:
             source_choices=_choice_delta(choices_before, _choices(source)))
         last = self._chunk(tracker.finish(), completion.tokens[emitted:], emitted, ids, sampler)
         last.completion = completion
-        yield last
+        yield from out(last)
 
     @staticmethod
     def _chunk(text: str, tokens: list[int], first: int, ids: list[int], sampler: Sampler) -> Chunk:

@@ -51,26 +51,26 @@ def plan(ids: Sequence[int], dst: int, keep: int, cached: Mapping[int, Sequence[
     by more than :data:`MIN_PREFIX_COPY`, and that its sequence does not hold yet; else the sequence
     (``cached``: sequence -> the ids it holds) that holds most of it, by more than
     :data:`MIN_PREFIX_COPY`. None: compute it."""
-    best_cached, held = None, 0
-    for seq, tokens in cached.items():
-        if seq == dst:
-            continue
-        n = common_prefix(tokens, ids)
-        if n > held:
-            best_cached, held = seq, n
-    floor = max(keep, held) + MIN_PREFIX_COPY
-    best_reading, want = None, floor
-    for seq, prompt in reading.items():
-        if seq == dst:
-            continue
-        n = common_prefix(prompt, ids)
-        if n > want:
-            best_reading, want = seq, n
+    best_cached, held = _longest(ids, dst, cached, 0)
+    best_reading, want = _longest(ids, dst, reading, max(keep, held) + MIN_PREFIX_COPY)
     if best_reading is not None:
         return PrefixPlan(best_reading, dst, want, in_flight=True)
     if best_cached is not None and held > keep + MIN_PREFIX_COPY:
         return PrefixPlan(best_cached, dst, held, in_flight=False)
     return None
+
+
+def _longest(ids: Sequence[int], dst: int, others: Mapping[int, Sequence[int]],
+             more_than: int) -> tuple[int | None, int]:
+    """The sequence other than ``dst`` whose ids share the longest prefix with ``ids``, if longer
+    than ``more_than`` (the first of equals), and that length; else (None, ``more_than``)."""
+    best, n_best = None, more_than
+    for seq, tokens in others.items():
+        if seq != dst:
+            n = common_prefix(tokens, ids)
+            if n > n_best:
+                best, n_best = seq, n
+    return best, n_best
 
 
 def copy_prefix(backend: BatchDecoder, src: int, dst: int, ids: Sequence[int], more_than: int) -> int:
