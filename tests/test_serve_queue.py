@@ -154,3 +154,32 @@ def test_a_history_save_that_fails_after_a_request_is_logged_and_the_server_serv
         assert client.post("/v1/completions", json=body).status_code == 200
     assert "saving the history after a request failed" in caplog.text
     engine.close()
+
+
+def test_metrics_show_the_suffix_history_growing_with_each_request_up_to_its_budget():
+    """The history is the store that grows with every request by design: /metrics shows its tokens and
+    bytes, so a soak can tell that growth from a leak. Exact, with a budget of 40 tokens."""
+    from starlette.testclient import TestClient
+
+    from promptlookup.serve.app import Settings, create_app
+
+    def gauges(text: str) -> tuple[float, float]:
+        values = {ln.split()[0]: float(ln.split()[1]) for ln in text.splitlines()
+                  if ln.startswith("promptlookup:suffix")}
+        return values["promptlookup:suffix_history_tokens"], values["promptlookup:suffix_history_bytes"]
+
+    engine = Engine.from_backend(ByteModel(), speculate="suffix", history_budget=40)
+    with TestClient(create_app(engine, Settings())) as client:
+        assert gauges(client.get("/metrics").text) == (0, engine.history.bytes_in_use)
+        sizes = []
+        for _ in range(3):
+            r = client.post("/v1/completions", json={"prompt": "a b c a b c", "max_tokens": 8,
+                                                     "temperature": 0})
+            usage = r.json()["usage"]
+            tokens, nbytes = gauges(client.get("/metrics").text)
+            assert nbytes == engine.history.bytes_in_use > 0
+            sizes.append((usage["prompt_tokens"] + usage["completion_tokens"], tokens))
+    engine.close()
+    # a request adds what the source saw: its prompt and answer but the last token (never fed back);
+    # the third would make 54 > 40: the oldest go until it fits in three quarters of the budget
+    assert sizes == [(19, 18), (19, 36), (19, 18)]

@@ -189,3 +189,16 @@ def test_factor_caps_a_draft_at_a_multiple_of_its_match():
         SourceSpec.parse("suffix:factor=-1")
     with pytest.raises(ValueError, match="suffix factor must be 0"):
         SuffixSource(n_vocab=64, factor=-0.5)
+
+
+def test_bytes_in_use_counts_the_states_and_edges_made_not_the_room_ahead():
+    """"abab": the root and four states, five edges (root-a, a-b, ab-a, aba-b, root-b), 32-byte state
+    rows and 12-byte edge rows, and the whole edge hash (64 int64 keys, 128 int32 values); the
+    allocation (room for 16 tokens) is larger. A history adds its tokens, 4 bytes each."""
+    a = SuffixAutomaton(capacity=16)
+    a.extend([1, 2, 1, 2])
+    assert (a.n_states, a.hk.nbytes, a.hv.nbytes) == (5, 1024, 512)
+    assert a.bytes_in_use == 5 * 32 + 5 * 12 + 1024 + 512 == 1756 < a.nbytes == 3296
+    h = History(budget=100)
+    h.add([1, 2, 1, 2])
+    assert h.bytes_in_use == h.automaton.bytes_in_use + 16

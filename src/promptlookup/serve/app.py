@@ -93,7 +93,8 @@ class Server:
         self.loop.max_queue = settings.max_queue
         self.closing = False
         self.metrics = Metrics(lambda: self.loop.waiting, lambda: self.loop.running,
-                               lambda: self.loop.stats if self.loop.parallel > 1 else None)
+                               lambda: self.loop.stats if self.loop.parallel > 1 else None,
+                               lambda: engine.history)
         self.history = HistorySaver(engine, settings.history_save_every,
                                     on_save=self.metrics.history_saves.inc)
         self.model = settings.model_alias or engine.model_name

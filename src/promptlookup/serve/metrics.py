@@ -56,7 +56,8 @@ class RoundCollector:
 
 class Metrics:
     def __init__(self, waiting: Callable[[], int], running: Callable[[], int],
-                 rounds: Callable[[], object | None] = lambda: None) -> None:
+                 rounds: Callable[[], object | None] = lambda: None,
+                 history: Callable[[], object | None] = lambda: None) -> None:
         disable_created_metrics()  # no *_created series: a scrape shows what dashboards read
         self.registry = r = CollectorRegistry(auto_describe=True)
         r.register(RoundCollector(rounds))
@@ -87,6 +88,16 @@ class Metrics:
         waiting_g.set_function(waiting)
         running_g = Gauge(f"{p}num_requests_running", "requests generating now", registry=r)
         running_g.set_function(running)
+        # the suffix history is the one store that grows with every request, by design, up to its
+        # budget: its size here lets an operator (and benchmarks/soak.py) tell that growth from a leak
+        history_tokens = Gauge(f"{p}suffix_history_tokens",
+                               "tokens of earlier requests kept in the suffix history (up to its budget)",
+                               registry=r)
+        history_tokens.set_function(lambda: getattr(history(), "n_tokens", 0))
+        history_bytes = Gauge(f"{p}suffix_history_bytes",
+                              "bytes the suffix history holds (its automaton's states, edges and hash, and "
+                              "its tokens)", registry=r)
+        history_bytes.set_function(lambda: getattr(history(), "bytes_in_use", 0))
         self.queue_time = Histogram(f"{p}request_queue_time_seconds", "time waiting for the model",
                                     buckets=LATENCY_BUCKETS, registry=r)
         self.ttft = Histogram(f"{p}time_to_first_token_seconds", "arrival to the first generated text",

@@ -283,6 +283,13 @@ class SuffixAutomaton:
     def nbytes(self) -> int:
         return self.st.nbytes + self.ed.nbytes + self.hk.nbytes + self.hv.nbytes
 
+    @property
+    def bytes_in_use(self) -> int:
+        """The bytes written so far: the states and edges made (their arrays are allocated ahead, twice
+        what is used after a doubling, and untouched pages cost no memory) and the whole edge hash."""
+        return (self.n_states * self.st.strides[0] + int(self.meta[M_EDGES]) * self.ed.strides[0]
+                + self.hk.nbytes + self.hv.nbytes)
+
     def reserve(self, n_tokens: int) -> None:
         """Make room for ``n_tokens`` tokens in all (doubling, so appends stay amortized O(1))."""
         if n_tokens <= self.cap_tokens:

@@ -138,6 +138,11 @@ class History:
     def nbytes(self) -> int:
         return self.automaton.nbytes + 4 * self.n_tokens
 
+    @property
+    def bytes_in_use(self) -> int:
+        """What the history holds in memory now (:attr:`SuffixAutomaton.bytes_in_use` and the tokens)."""
+        return self.automaton.bytes_in_use + 4 * self.n_tokens
+
     # ------------------------------------------------------------------ file
     def save(self, path: str | os.PathLike[str]) -> int:
         """Write the history atomically; returns the file size in bytes."""
