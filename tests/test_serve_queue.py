@@ -157,7 +157,7 @@ def test_a_history_save_that_fails_after_a_request_is_logged_and_the_server_serv
 
 
 def test_metrics_show_the_suffix_history_growing_with_each_request_up_to_its_budget():
-    """The history is the store that grows with every request by design: /metrics shows its tokens and
+    """The history grows with every request by design, up to its budget: /metrics shows its tokens and
     bytes, so a soak can tell that growth from a leak. Exact, with a budget of 40 tokens."""
     from starlette.testclient import TestClient
 

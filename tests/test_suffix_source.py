@@ -193,7 +193,7 @@ def test_factor_caps_a_draft_at_a_multiple_of_its_match():
 
 def test_bytes_in_use_counts_the_states_and_edges_made_not_the_room_ahead():
     """"abab": the root and four states, five edges (root-a, a-b, ab-a, aba-b, root-b), 32-byte state
-    rows and 12-byte edge rows, and the whole edge hash (64 int64 keys, 128 int32 values); the
+    rows and 12-byte edge rows, and the whole edge hash (128 int64 keys, 128 int32 values); the
     allocation (room for 16 tokens) is larger. A history adds its tokens, 4 bytes each."""
     a = SuffixAutomaton(capacity=16)
     a.extend([1, 2, 1, 2])

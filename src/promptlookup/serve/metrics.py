@@ -88,8 +88,8 @@ class Metrics:
         waiting_g.set_function(waiting)
         running_g = Gauge(f"{p}num_requests_running", "requests generating now", registry=r)
         running_g.set_function(running)
-        # the suffix history is the one store that grows with every request, by design, up to its
-        # budget: its size here lets an operator (and benchmarks/soak.py) tell that growth from a leak
+        # the suffix history grows with every request, by design, up to its budget: its size here
+        # lets an operator (and benchmarks/soak.py) tell that growth from a leak
         history_tokens = Gauge(f"{p}suffix_history_tokens",
                                "tokens of earlier requests kept in the suffix history (up to its budget)",
                                registry=r)
