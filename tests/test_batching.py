@@ -296,6 +296,9 @@ def test_engine_refuses_parallel_without_a_batching_backend():
         Engine.from_backend(ByteModel(), speculate="off", parallel=0, cost_curve=CURVE)
     with pytest.raises(UsageError, match="parallel=4 needs"):
         Engine.from_backend(BatchByteModel(n_seq=2), speculate="off", parallel=4, cost_curve=CURVE)
+    for bad in (0, True, 2.5):
+        with pytest.raises(UsageError, match=f"lookup_budget must be a positive integer .* got {bad!r}"):
+            Engine.from_backend(ByteModel(), speculate="off", lookup_budget=bad, cost_curve=CURVE)
 
 
 # -- slots -------------------------------------------------------------------------------------------

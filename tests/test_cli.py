@@ -272,6 +272,9 @@ def test_source_flags_take_bounds_and_help_from_the_options(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["generate", "--ngram-min-match", "0"])
     assert "--ngram-min-match must be 1..1024, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--lookup-budget", "0"])
+    assert "--lookup-budget must be 1..1073741824, got 0" in capsys.readouterr().err
     sub = build_parser()._subparsers._group_actions[0].choices  # noqa: SLF001 - argparse keeps them here
     helps = {a.option_strings[0]: a.help for a in sub["generate"]._actions if a.option_strings}
     assert helps["--ngram-min-match"] == OPTIONS["min"].describe() == (

@@ -183,3 +183,27 @@ def test_metrics_show_the_suffix_history_growing_with_each_request_up_to_its_bud
     # a request adds what the source saw: its prompt and answer but the last token (never fed back);
     # the third would make 54 > 40: the oldest go until it fits in three quarters of the budget
     assert sizes == [(19, 18), (19, 36), (19, 18)]
+
+
+@pytest.mark.parametrize("budget, entries", [(100, [52, 22, 58]), (None, [52, 143, 167])])
+def test_metrics_show_the_lookup_dynamic_cache_held_to_its_budget(budget, entries):
+    """Each slot's lookup source merges every request it serves into its dynamic cache; past the
+    engine's budget its counts are halved. /metrics shows the bytes; without a budget (the negative
+    control) the second request leaves 143 entries, with a budget of 100 it leaves 22."""
+    from starlette.testclient import TestClient
+
+    from promptlookup.serve.app import Settings, create_app
+
+    engine = Engine.from_backend(ByteModel(), speculate="lookup", lookup_budget=budget)
+    source = engine.source_for(engine.default_spec)
+    seen = []
+    with TestClient(create_app(engine, Settings())) as client:
+        for prompt in ("a b c a b c", "the cat sat on the mat", "x y z"):
+            r = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 8, "temperature": 0})
+            assert r.status_code == 200
+            gauge = next(float(ln.split()[1]) for ln in client.get("/metrics").text.splitlines()
+                         if ln.startswith("promptlookup:lookup_dynamic_bytes "))
+            assert gauge == engine.learned_bytes == source.dynamic.bytes_in_use > 0
+            seen.append(source.dynamic.n_entries)
+    engine.close()
+    assert seen == entries

@@ -47,8 +47,9 @@ from promptlookup.batching.engine_loop import (
 )
 from promptlookup.batching.pool import SeqView, Slot
 from promptlookup.costcurve import CostCurve
-from promptlookup.drafting.base import DraftSource, report_of, use_corpora
+from promptlookup.drafting.base import DraftSource, learned_bytes, report_of, use_corpora
 from promptlookup.drafting.forced import GrammarDrafts
+from promptlookup.drafting.lookup.source import LONG_LIVED_BUDGET as DEFAULT_LOOKUP_BUDGET
 from promptlookup.drafting.spec import OFF, Run, SourceSpec, SpecError, save_state, source_factory
 from promptlookup.errors import RequestError, UsageError, check_prompt_fits
 from promptlookup.grammar import Constraint, eog_ids, grammar_tokenizer
@@ -179,7 +180,10 @@ class Engine:
     does not stall the requests already decoding. ``n_ctx=None`` sizes the context from the model
     and the memory (:func:`load_backend`). ``grammar_drafts``: under a grammar (``response_format``, a
     forced tool call) draft the tokens it forces (:mod:`promptlookup.drafting.forced`); a request's
-    ``grammar_drafts`` overrides it.
+    ``grammar_drafts`` overrides it. ``lookup_budget``: follower entries each slot's lookup dynamic
+    cache keeps across requests (it learns from every request the slot serves; over the budget its
+    counts are halved, :class:`~promptlookup.drafting.lookup.source.LookupSource`); None: unbounded,
+    as llama.cpp's one run.
     """
 
     def __init__(self, model: str | Path | None = None, backend: str = "llama.cpp", *,
@@ -189,10 +193,11 @@ class Engine:
                  lookup_static: str | Path | None = None, cost_curve: str | Path | None = None,
                  reuse_prefix: bool = True, parallel: int = 1,
                  prefill_chunk: int = DEFAULT_PREFILL_CHUNK, grammar_drafts: bool = True,
-                 corpora: Sequence[str] | None = None, corpus_dir: str | Path | None = None) -> None:
+                 corpora: Sequence[str] | None = None, corpus_dir: str | Path | None = None,
+                 lookup_budget: int | None = DEFAULT_LOOKUP_BUDGET) -> None:
         settings = {"corpus": corpus, "static": lookup_static, "curve": cost_curve}
         self._init_settings(speculate, history, history_budget, settings, reuse_prefix, parallel,
-                            prefill_chunk, grammar_drafts, corpora, corpus_dir)
+                            prefill_chunk, grammar_drafts, corpora, corpus_dir, lookup_budget)
         self.backend: Model = load_backend(model, backend, n_ctx, threads, n_seq=parallel)
         self._bind()
 
@@ -203,27 +208,34 @@ class Engine:
                      cost_curve: str | Path | None = None, reuse_prefix: bool = True,
                      parallel: int = 1, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
                      grammar_drafts: bool = True, corpora: Sequence[str] | None = None,
-                     corpus_dir: str | Path | None = None) -> Engine:
+                     corpus_dir: str | Path | None = None,
+                     lookup_budget: int | None = DEFAULT_LOOKUP_BUDGET) -> Engine:
         """An engine on a backend already loaded (a transformers model of the caller's, the replay
         backend of tests and simulations); ``parallel > 1`` needs a backend that batches
         (:class:`~promptlookup.backends.base.BatchDecoder`) with that many sequences."""
         self = cls.__new__(cls)
         settings = {"corpus": corpus, "static": lookup_static, "curve": cost_curve}
         self._init_settings(speculate, history, history_budget, settings, reuse_prefix, parallel,
-                            prefill_chunk, grammar_drafts, corpora, corpus_dir)
+                            prefill_chunk, grammar_drafts, corpora, corpus_dir, lookup_budget)
         self.backend = backend
         self._bind()
         return self
 
     # -- set-up -----------------------------------------------------------------------------
     def _init_settings(self, speculate, history, history_budget, settings, reuse_prefix, parallel,
-                       prefill_chunk, grammar_drafts=True, corpora=None, corpus_dir=None) -> None:
+                       prefill_chunk, grammar_drafts=True, corpora=None, corpus_dir=None,
+                       lookup_budget=DEFAULT_LOOKUP_BUDGET) -> None:
         if corpora is not None and (isinstance(corpora, str) or not all(isinstance(c, str) for c in corpora)):
             raise UsageError("corpora must be a list of corpus names or paths")
         self._corpus_refs = tuple(corpora or ())
         self.corpus_dir = Path(corpus_dir) if corpus_dir is not None else None
         if history_budget is not None and history_budget < 1:
             raise UsageError(f"the history budget must be at least 1 token, got {history_budget}")
+        if lookup_budget is not None and (isinstance(lookup_budget, bool)
+                                          or not isinstance(lookup_budget, int) or lookup_budget < 1):
+            raise UsageError(f"lookup_budget must be a positive integer (follower entries) or None, "
+                             f"got {lookup_budget!r}")
+        self._lookup_budget = lookup_budget
         if isinstance(parallel, bool) or not isinstance(parallel, int) or not 1 <= parallel <= MAX_PARALLEL:
             raise UsageError(f"parallel must be an integer in 1..{MAX_PARALLEL}, got {parallel!r}")
         if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1:
@@ -258,6 +270,7 @@ class Engine:
                                defaults=self._corpus_refs)
         self.run = Run.for_backend(self.backend, lambda: cached_cost_curve(self.backend))
         self.run.history = history
+        self.run.lookup_budget = self._lookup_budget
         cost = None
         batched = isinstance(self.backend, BatchDecoder)
         if self.parallel > 1:
@@ -297,6 +310,13 @@ class Engine:
                     self._factories[spec.label] = source_factory(spec, self.run)
                 slot.sources[spec.label] = self._factories[spec.label]()
         return slot.sources[spec.label]
+
+    @property
+    def learned_bytes(self) -> int:
+        """Bytes the slots' draft sources keep from request to request for themselves: lookup's
+        dynamic caches, each bounded by ``lookup_budget`` (the shared suffix history is
+        :attr:`history`, with its own budget)."""
+        return sum(learned_bytes(s) for slot in self.loop.pool.slots for s in list(slot.sources.values()))
 
     # -- text ---------------------------------------------------------------------------------
     @property

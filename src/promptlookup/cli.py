@@ -419,7 +419,7 @@ def _add_corpora_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_serve_command(sub) -> None:
-    from promptlookup.api import DEFAULT_SPECULATE, MAX_PARALLEL
+    from promptlookup.api import DEFAULT_LOOKUP_BUDGET, DEFAULT_SPECULATE, MAX_PARALLEL
     from promptlookup.backends.context_size import MAX_SLOTS
     from promptlookup.batching.engine_loop import DEFAULT_PREFILL_CHUNK
 
@@ -458,6 +458,11 @@ def _add_serve_command(sub) -> None:
     s.add_argument("--no-grammar-drafts", dest="grammar_drafts", action="store_false",
                    help="do not draft the tokens a response_format or forced tool call's grammar forces "
                         "(on by default; a request may set `grammar_drafts`); the output is the same")
+    s.add_argument("--lookup-budget", type=_int_in(1, 1 << 30, "--lookup-budget"),
+                   default=DEFAULT_LOOKUP_BUDGET, metavar="ENTRIES",
+                   help="n-gram follower entries each slot's lookup dynamic cache keeps across requests "
+                        f"(default {DEFAULT_LOOKUP_BUDGET}, a few MB a slot); beyond, its counts are halved "
+                        "so what was seen once is forgotten first")
     s.add_argument("--history-save-every", type=_int_in(1, None, "--history-save-every"), default=8,
                    metavar="N", help="save the history after every N finished requests (default 8)")
     s.add_argument("--max-queue", type=_int_in(0, 1 << 16, "--max-queue"), default=64, metavar="N",
@@ -514,7 +519,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     lookup_static=args.lookup_cache_static, cost_curve=args.cost_curve,
                     parallel=context.parallel,
                     prefill_chunk=args.prefill_chunk, grammar_drafts=args.grammar_drafts,
-                    corpora=args.corpus, corpus_dir=args.corpus_dir)
+                    corpora=args.corpus, corpus_dir=args.corpus_dir, lookup_budget=args.lookup_budget)
     try:
         return run_server(engine, settings, args.host, args.port)
     finally:
@@ -686,7 +691,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     context = _context(args)
     engine = Engine(args.model, getattr(args, "backend", "llama.cpp"), threads=args.threads,
                     n_ctx=context.n_ctx, speculate=spec, history=history, history_budget=budget,
-                    grammar_drafts=args.grammar_drafts, corpora=args.corpus, corpus_dir=args.corpus_dir)
+                    grammar_drafts=args.grammar_drafts, corpora=args.corpus, corpus_dir=args.corpus_dir,
+                    lookup_budget=None)  # one request: llama.cpp's unbounded cache, saved whole
     backend = engine.backend
     messages = one_turn(text, system)
     ids = None if opts.tools else engine.chat_ids(messages) if args.chat else engine.tokenize(text)

@@ -193,3 +193,18 @@ def use_corpora(source: Any, corpora: Sequence[Any] | None) -> None:
         use_corpora(inner, corpora)
     for s in getattr(source, "sources", None) or ():
         use_corpora(s, corpora)
+
+
+def learned_bytes(source: Any) -> int:
+    """Bytes that ``source`` and every source inside it (in ``auto``, behind a grammar layer) keep
+    from one request to the next for themselves: lookup's dynamic cache, which a source declares as
+    ``learned_bytes``. A shared suffix history is counted once by its owner, not here."""
+    if source is None:
+        return 0
+    total = int(getattr(source, "learned_bytes", 0))
+    inner = getattr(source, "inner", None)
+    if inner is not None:
+        total += learned_bytes(inner)
+    for s in getattr(source, "sources", None) or ():
+        total += learned_bytes(s)
+    return total

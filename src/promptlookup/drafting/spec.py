@@ -250,6 +250,9 @@ class Run:
     # one suffix history every source made from this run shares (the public API and the server keep
     # one for all their requests); None: each source gets its own, from its spec's history= file
     history: Any = None
+    # follower entries each lookup dynamic cache made from this run may keep across requests (an
+    # engine's slots keep theirs for the process's life); None: unbounded, as llama.cpp's one run
+    lookup_budget: int | None = None
     opened: dict[tuple[str, str], Any] = field(default_factory=dict)
     warm: bool = True  # compile a new spec's kernels when its factory is made (see drafting.warmup)
     _fp: str | None = None

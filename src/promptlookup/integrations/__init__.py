@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from promptlookup.drafting.base import Draft, DraftSource, StepFeedback
+from promptlookup.drafting.lookup.source import LONG_LIVED_BUDGET
 from promptlookup.drafting.spec import OFF, Run, SourceSpec, SpecError, finish, options_of, source_factory
 from promptlookup.errors import UsageError
 
@@ -88,7 +89,9 @@ class Drafter:
 
         self.spec = spec
         self.k = k
-        self.run = Run(n_vocab, fingerprint or no_fingerprint, cost_curve=cost_curve or prior_cost_curve)
+        # the source lives as long as the drop-in and learns from every request: lookup's cache is bounded
+        self.run = Run(n_vocab, fingerprint or no_fingerprint, cost_curve=cost_curve or prior_cost_curve,
+                       lookup_budget=LONG_LIVED_BUDGET)
         self.source: DraftSource = source_factory(spec, self.run)()  # type: ignore[assignment]
         self.requests = 0  # resets: requests started
         self.calls = 0  # proposals asked for

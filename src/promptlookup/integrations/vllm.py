@@ -68,6 +68,7 @@ from promptlookup.drafting.base import DraftSource, StepFeedback
 from promptlookup.drafting.live_outputs import LiveOutputs
 from promptlookup.drafting.live_outputs import segment_of as peers_segment
 from promptlookup.drafting.live_outputs import window_for as peers_window
+from promptlookup.drafting.lookup.source import LONG_LIVED_BUDGET
 from promptlookup.drafting.spec import Run, SourceSpec, SpecError, source_factory
 from promptlookup.errors import UsageError
 
@@ -406,7 +407,9 @@ class PromptLookupProposer:
         self.history = history
         from promptlookup.integrations import prior_cost_curve
 
-        run = Run(self.n_vocab, self.fingerprint, cost_curve=prior_cost_curve, history=history)
+        # rows are reused by later requests, so each row's lookup cache is bounded as an engine slot's
+        run = Run(self.n_vocab, self.fingerprint, cost_curve=prior_cost_curve, history=history,
+                  lookup_budget=LONG_LIVED_BUDGET)
         make = source_factory(run_spec, run)  # compiles the kernels now, not in the first step
         self.tracker = RowTracker(make, k, int(model_config.max_model_len), clock=clock,  # type: ignore[arg-type]
                                   on_commit=self._committed, peers=peers)

@@ -94,7 +94,7 @@ class Server:
         self.closing = False
         self.metrics = Metrics(lambda: self.loop.waiting, lambda: self.loop.running,
                                lambda: self.loop.stats if self.loop.parallel > 1 else None,
-                               lambda: engine.history)
+                               lambda: engine.history, lambda: engine.learned_bytes)
         self.history = HistorySaver(engine, settings.history_save_every,
                                     on_save=self.metrics.history_saves.inc)
         self.model = settings.model_alias or engine.model_name

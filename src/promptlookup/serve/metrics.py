@@ -57,7 +57,8 @@ class RoundCollector:
 class Metrics:
     def __init__(self, waiting: Callable[[], int], running: Callable[[], int],
                  rounds: Callable[[], object | None] = lambda: None,
-                 history: Callable[[], object | None] = lambda: None) -> None:
+                 history: Callable[[], object | None] = lambda: None,
+                 learned: Callable[[], int] = lambda: 0) -> None:
         disable_created_metrics()  # no *_created series: a scrape shows what dashboards read
         self.registry = r = CollectorRegistry(auto_describe=True)
         r.register(RoundCollector(rounds))
@@ -98,6 +99,11 @@ class Metrics:
                               "bytes the suffix history holds (its automaton's states, edges and hash, and "
                               "its tokens)", registry=r)
         history_bytes.set_function(lambda: getattr(history(), "bytes_in_use", 0))
+        # each slot's lookup dynamic cache also learns from every request it serves, up to its budget
+        learned_g = Gauge(f"{p}lookup_dynamic_bytes",
+                          "bytes the slots' lookup dynamic caches hold (n-grams, follower entries and "
+                          "hash; each up to --lookup-budget entries)", registry=r)
+        learned_g.set_function(learned)
         self.queue_time = Histogram(f"{p}request_queue_time_seconds", "time waiting for the model",
                                     buckets=LATENCY_BUCKETS, registry=r)
         self.ttft = Histogram(f"{p}time_to_first_token_seconds", "arrival to the first generated text",

@@ -69,11 +69,22 @@ class DictNgramCache:
     def items(self) -> Iterator[tuple[Key, dict[int, int]]]:
         yield from self.data.items()
 
+    def halve(self) -> None:
+        """Every count halved, rounded down; a follower left at 0 is forgotten, then an n-gram left
+        with none (the aging :class:`~promptlookup.drafting.lookup.source.LookupSource` applies to a
+        dynamic cache over its budget: what was seen once goes first)."""
+        aged = {key: {t: c // 2 for t, c in part.items() if c // 2} for key, part in self.data.items()}
+        self.data = {key: part for key, part in aged.items() if part}
+
     def clear(self) -> None:
         self.data.clear()
 
     def __len__(self) -> int:
         return len(self.data)
+
+    @property
+    def n_entries(self) -> int:
+        return sum(len(part) for part in self.data.values())
 
 
 # -- the numba table ----------------------------------------------------------------------------
@@ -349,6 +360,20 @@ class NgramCache:
             yield key, {int(t): int(c) for t, c in zip(tok[off[r]:off[r + 1]], cnt[off[r]:off[r + 1]],
                                                         strict=True)}
 
+    def halve(self) -> None:
+        """:meth:`DictNgramCache.halve` on the arrays: the records rebuilt with halved counts (the
+        arrays keep their size, so a cache aged at a budget stops growing there)."""
+        keys, off, tok, cnt = self.records()
+        cnt = cnt // 2
+        kept = cnt > 0
+        owner = np.repeat(np.arange(len(keys)), np.diff(off))
+        per_ngram = np.bincount(owner[kept], minlength=len(keys))
+        alive = per_ngram > 0
+        new_off = np.zeros(int(alive.sum()) + 1, dtype=np.int64)
+        np.cumsum(per_ngram[alive], out=new_off[1:])
+        self.clear()
+        self.add_records(keys[alive], new_off, tok[kept], cnt[kept])
+
     def clear(self) -> None:
         self._slots[:] = -1
         self._meta[:] = 0
@@ -359,6 +384,13 @@ class NgramCache:
     @property
     def n_entries(self) -> int:
         return int(self._meta[1])
+
+    @property
+    def bytes_in_use(self) -> int:
+        """Bytes of what the cache holds: its n-grams (key, head, total, largest count: 36 each), its
+        follower entries (token, count, next: 16 each) and its whole hash (the slots, kept at most
+        half full); the arrays' room ahead, allocated by doubling, is not counted."""
+        return 36 * len(self) + 16 * self.n_entries + int(self._slots.nbytes)
 
 
 def _grown(a: np.ndarray, size: int, fill: int) -> np.ndarray:
