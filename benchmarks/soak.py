@@ -13,12 +13,14 @@ another), then:
    random number of chunks. Every answer that completes must equal its reference; every status is
    counted (a 5xx is a failure, a 503 with ``Retry-After`` is a refusal the client waits out).
 3. **Memory**: the server's resident set (``/proc/PID/status`` ``VmRSS``) is sampled every
-   ``--sample`` seconds, with the suffix history's size from ``/metrics``
-   (``promptlookup:suffix_history_bytes``). The history grows with every request by design, up to
-   its budget (``--suffix-history-budget``, 1M tokens by default; pass ``--server-arg`` to change
-   it), so both are printed: the resident set's growth from the end of the warm-up (``--warm-up``
-   minutes) to the end, and that growth less what the history's size grew meanwhile, which must stay
-   under ``--rss-growth`` (5%): more than that is memory nothing accounts for.
+   ``--sample`` seconds, with the sizes ``/metrics`` gives of the two stores that grow with requests
+   by design, each up to its budget: the suffix history (``promptlookup:suffix_history_bytes``,
+   ``--suffix-history-budget``, 1M tokens by default) and the slots' lookup dynamic caches
+   (``promptlookup:lookup_dynamic_bytes``, ``--lookup-budget``; pass ``--server-arg`` to change
+   either). Printed: the resident set's growth from the end of the warm-up (``--warm-up`` minutes) to
+   the end, and that growth less what those stores grew meanwhile, which must stay under
+   ``--rss-growth`` (5%): more than that is memory nothing accounts for. ``--varied`` makes the edits
+   and prose about a different piece of real code each, so the sources keep learning new text.
 
 It prints a summary and exits 1 when any answer differed, any 5xx came back, or memory grew too
 much. It stops by itself after the soak (the server is stopped too) and talks only to 127.0.0.1.
@@ -34,6 +36,7 @@ import os
 import random
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 from dataclasses import dataclass, field
@@ -65,16 +68,32 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"
           "required": ["name", "age", "languages"], "additionalProperties": False}
 
 
-def pool(n: int, max_tokens: int) -> list[dict]:
+def stdlib_excerpts(n: int, chars: int = 1200) -> list[str]:
+    """``n`` distinct pieces of real code: the opening ``chars`` of the Python installation's sources
+    (what ``--varied`` edits and explains, so no two requests share their text)."""
+    files = sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py"))
+    texts = [t for t in (f.read_text(errors="replace")[:chars] for f in files) if len(t) == chars]
+    if len(texts) < n:
+        raise SystemExit(f"soak: --varied needs {n} sources of {chars} characters, found {len(texts)}")
+    return texts[:n]
+
+
+def pool(n: int, max_tokens: int, varied: bool = False) -> list[dict]:
     """``n`` requests, cycling through five kinds: an edit, prose, a forced tool call, a free one, a
-    json_schema answer."""
+    json_schema answer. ``varied``: the edits and the prose are about a different piece of real code
+    each (the stdlib's sources), so the slots' sources keep meeting text they have not seen."""
     out = []
+    code = stdlib_excerpts(n) if varied else []
     for i in range(n):
         kind = i % 5
         if kind == 0:
             edit = EDITS[i % len(EDITS)]
-            text = f"Here is a Python file:\n\n```python\n{SNIPPET}```\n\nRewrite it and {edit}."
+            source = code[i] if varied else SNIPPET
+            text = f"Here is a Python file:\n\n```python\n{source}```\n\nRewrite it and {edit}."
             body: dict = {"messages": [{"role": "user", "content": text}]}
+        elif kind == 1 and varied:
+            text = f"Explain what this code does:\n\n```python\n{code[i]}```"
+            body = {"messages": [{"role": "user", "content": text}]}
         elif kind == 1:
             story = f"Write a short story about a {THINGS[i % len(THINGS)]}."
             body = {"messages": [{"role": "user", "content": story}]}
@@ -164,16 +183,20 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
-def history_bytes(client: httpx.Client, url: str) -> int:
-    """The bytes the suffix history holds, from the server's /metrics (0 if it could not be read)."""
+# the stores that grow with requests by design, each up to its budget (the server's /metrics gauges)
+BY_DESIGN = ("promptlookup:suffix_history_bytes", "promptlookup:lookup_dynamic_bytes")
+
+
+def bytes_by_design(client: httpx.Client, url: str) -> tuple[int, ...]:
+    """The bytes each store of :data:`BY_DESIGN` holds, from the server's /metrics (0 where unread)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     try:
         text = client.get(url + "/metrics").text
     except httpx.HTTPError:
-        return 0
-    for line in text.splitlines():
-        if line.startswith("promptlookup:suffix_history_bytes "):
-            return int(float(line.split()[1]))
-    return 0
+        return (0,) * len(BY_DESIGN)
+    values = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    return tuple(int(values.get(name, 0)) for name in BY_DESIGN)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--minutes", type=float, default=30.0)
     p.add_argument("--warm-up", type=float, default=2.0, help="minutes before memory is measured (default 2)")
     p.add_argument("--pool", type=int, default=24, help="distinct requests (default 24)")
+    p.add_argument("--varied", action="store_true",
+                   help="edits and prose about a different piece of the stdlib's code each (use a larger "
+                        "--pool, e.g. 200: each is sent alone first for its reference)")
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--drop", type=float, default=0.25, help="share of streams closed mid-answer")
     p.add_argument("--sample", type=float, default=10.0, help="seconds between memory samples")
@@ -201,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         from tool_gguf import hermes_gguf
 
         args.model = str(hermes_gguf())
-    requests = pool(args.pool, args.max_tokens)
+    requests = pool(args.pool, args.max_tokens, args.varied)
     proc, url = start_server(args)
     timeout = httpx.Timeout(600.0, connect=10.0)
     try:
@@ -218,13 +244,14 @@ def main(argv: list[str] | None = None) -> int:
         stats = {"completed": 0, "dropped": 0, "differed": 0, "5xx": 0, "refused": 0, "errors": 0}
         lock = threading.Lock()
         end = time.monotonic() + 60 * args.minutes
-        samples: list[tuple[float, int, int]] = []  # (seconds, RSS KiB, history bytes)
+        samples: list[tuple[float, int, tuple[int, ...]]] = []  # (seconds, RSS KiB, BY_DESIGN bytes)
         start = time.monotonic()
 
         def sampler() -> None:
             with httpx.Client(timeout=timeout) as metrics:
                 while time.monotonic() < end:
-                    samples.append((time.monotonic() - start, rss_kib(proc.pid), history_bytes(metrics, url)))
+                    held = bytes_by_design(metrics, url)
+                    samples.append((time.monotonic() - start, rss_kib(proc.pid), held))
                     time.sleep(args.sample)
 
         def client_loop(c: int) -> None:
@@ -263,18 +290,20 @@ def main(argv: list[str] | None = None) -> int:
             proc.wait(60)
         except subprocess.TimeoutExpired:
             proc.kill()
-    after = [(kib, hist) for t, kib, hist in samples if t >= 60 * args.warm_up]
+    after = [(kib, held) for t, kib, held in samples if t >= 60 * args.warm_up]
     growth = unaccounted = 0.0
-    print(f"# soak: {args.clients} clients, {args.minutes:g} min, drop {args.drop:.0%}, pool {args.pool}")
+    print(f"# soak: {args.clients} clients, {args.minutes:g} min, drop {args.drop:.0%}, pool {args.pool}"
+          f"{' varied' if args.varied else ''}")
     print(" ".join(f"{k} {v}" for k, v in stats.items()))
     if len(after) >= 2 and after[0][0]:
-        (rss0, hist0), (rss1, hist1) = after[0], after[-1]
+        (rss0, held0), (rss1, held1) = after[0], after[-1]
         growth = (rss1 - rss0) / rss0
-        unaccounted = (rss1 - rss0 - (hist1 - hist0) / 1024) / rss0
+        unaccounted = (rss1 - rss0 - (sum(held1) - sum(held0)) / 1024) / rss0
         print(f"RSS after warm-up: {rss0 / 1024:.0f} -> {rss1 / 1024:.0f} MiB "
               f"(max {max(k for k, _ in after) / 1024:.0f}), growth {growth:+.1%} over {len(after)} samples")
-        print(f"suffix history: {hist0 / 2**20:.0f} -> {hist1 / 2**20:.0f} MiB held; "
-              f"RSS growth less the history's: {unaccounted:+.1%}")
+        print(f"suffix history: {held0[0] / 2**20:.0f} -> {held1[0] / 2**20:.0f} MiB held; lookup dynamic "
+              f"caches: {held0[1] / 2**20:.1f} -> {held1[1] / 2**20:.1f} MiB (max "
+              f"{max(h[1] for _, h in after) / 2**20:.1f}); RSS growth less theirs: {unaccounted:+.1%}")
     ok = (stats["differed"] == 0 and stats["5xx"] == 0 and stats["errors"] == 0
           and unaccounted < args.rss_growth)
     print("soak: " + ("passed" if ok else "FAILED"))
