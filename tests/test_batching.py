@@ -301,6 +301,15 @@ def test_engine_refuses_parallel_without_a_batching_backend():
             Engine.from_backend(ByteModel(), speculate="off", lookup_budget=bad, cost_curve=CURVE)
 
 
+def test_the_engine_lookup_budget_reaches_the_lookup_inside_auto():
+    """A slot's sources live as long as the engine; the lookup one inside ``auto`` (the default) gets
+    the engine's budget, the default one unless told otherwise."""
+    for kwargs, budget in (({"lookup_budget": 50}, 50), ({}, 65536)):
+        engine = Engine.from_backend(ByteModel(), cost_curve=CURVE, **kwargs)
+        inside = {s.name: s for s in engine.source_for(engine.default_spec).sources}
+        assert inside["lookup"].budget == budget
+
+
 # -- slots -------------------------------------------------------------------------------------------
 def test_a_request_takes_the_free_slot_with_its_prompt_cached_else_an_empty_or_the_longest_idle():
     """With nothing else running (no gap to choose by)."""
