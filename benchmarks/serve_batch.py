@@ -169,8 +169,10 @@ def round_counters(server: Server) -> dict[str, float] | None:
     names = {"promptlookup:batch_rounds_total": "rounds", "promptlookup:batch_round_parts_total": "parts",
              "promptlookup:batch_round_tokens_total": "tokens",
              "promptlookup:batch_forward_seconds_total": "seconds"}
-    got = {names[ln.split()[0]]: float(ln.split()[1]) for ln in text.splitlines()
-           if ln.split(" ", 1)[0] in names}
+    from prometheus_client.parser import text_string_to_metric_families
+
+    got = {names[s.name]: s.value for f in text_string_to_metric_families(text) for s in f.samples
+           if s.name in names}
     return got if len(got) == len(names) else None
 
 

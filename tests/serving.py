@@ -140,3 +140,11 @@ def stream_sse(client, path: str, body: dict) -> dict:
                 out["usage"] = obj["usage"]
     out["e2e"] = time.monotonic() - t0
     return out
+
+
+def metric_values(text: str) -> dict[str, float]:
+    """The unlabelled samples of a ``/metrics`` page by name, read by prometheus_client's own parser
+    (counters keep their ``_total``)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if not s.labels}

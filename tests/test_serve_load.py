@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from serving import ServerProcess, stream_sse, wait_until
+from serving import ServerProcess, metric_values, stream_sse, wait_until
 
 pytestmark = pytest.mark.model
 
@@ -128,8 +128,7 @@ def test_queue_limit_and_dropped_client():
         freed = time.monotonic() - t0
         metrics = c.get("/metrics").text
         assert "promptlookup:batch_rounds_total" not in metrics  # --parallel 1: no scheduler
-        generated = next(float(ln.split()[-1]) for ln in metrics.splitlines()
-                         if ln.startswith("promptlookup:generation_tokens_total"))
+        generated = metric_values(metrics)["promptlookup:generation_tokens_total"]
         assert 'promptlookup:requests_cancelled_total 1.0' in metrics
         assert generated < 200, generated  # the dropped stream stopped long before its 600 tokens
         # the next request starts promptly
@@ -184,8 +183,7 @@ def test_parallel_slots_run_together_and_a_dropped_client_frees_its_slot():
         assert wait_until(lambda: c.get("/health").json()["running"] == 0, 30)
         metrics = c.get("/metrics").text
         assert "promptlookup:requests_cancelled_total 1.0" in metrics
-        rounds = {ln.split()[0]: float(ln.split()[1]) for ln in metrics.splitlines()
-                  if ln.startswith("promptlookup:batch_")}
+        rounds = {k: v for k, v in metric_values(metrics).items() if k.startswith("promptlookup:batch_")}
         assert set(rounds) == {"promptlookup:batch_rounds_total", "promptlookup:batch_round_parts_total",
                                "promptlookup:batch_round_tokens_total",
                                "promptlookup:batch_forward_seconds_total"}

@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("fastapi")
 
 from fakes import ByteModel  # noqa: E402
+from serving import metric_values  # noqa: E402
 
 from promptlookup import Engine  # noqa: E402
 from promptlookup.options import RequestOptions  # noqa: E402
@@ -164,8 +165,7 @@ def test_metrics_show_the_suffix_history_growing_with_each_request_up_to_its_bud
     from promptlookup.serve.app import Settings, create_app
 
     def gauges(text: str) -> tuple[float, float]:
-        values = {ln.split()[0]: float(ln.split()[1]) for ln in text.splitlines()
-                  if ln.startswith("promptlookup:suffix")}
+        values = metric_values(text)
         return values["promptlookup:suffix_history_tokens"], values["promptlookup:suffix_history_bytes"]
 
     engine = Engine.from_backend(ByteModel(), speculate="suffix", history_budget=40)
@@ -201,8 +201,7 @@ def test_metrics_show_the_lookup_dynamic_cache_held_to_its_budget(budget, entrie
         for prompt in ("a b c a b c", "the cat sat on the mat", "x y z"):
             r = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 8, "temperature": 0})
             assert r.status_code == 200
-            gauge = next(float(ln.split()[1]) for ln in client.get("/metrics").text.splitlines()
-                         if ln.startswith("promptlookup:lookup_dynamic_bytes "))
+            gauge = metric_values(client.get("/metrics").text)["promptlookup:lookup_dynamic_bytes"]
             assert gauge == engine.learned_bytes == source.dynamic.bytes_in_use > 0
             seen.append(source.dynamic.n_entries)
     engine.close()
