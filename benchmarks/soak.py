@@ -247,11 +247,20 @@ def main(argv: list[str] | None = None) -> int:
         samples: list[tuple[float, int, tuple[int, ...]]] = []  # (seconds, RSS KiB, BY_DESIGN bytes)
         start = time.monotonic()
 
+        every = max(1, round(60 / args.sample))
+
         def sampler() -> None:
             with httpx.Client(timeout=timeout) as metrics:
                 while time.monotonic() < end:
                     held = bytes_by_design(metrics, url)
                     samples.append((time.monotonic() - start, rss_kib(proc.pid), held))
+                    if len(samples) % every == 0:  # a line a minute, so a long soak shows it is alive
+                        t, kib, _ = samples[-1]
+                        with lock:
+                            counts = " ".join(f"{k} {v}" for k, v in stats.items())
+                        print(f"# {t / 60:.0f} min: {counts}; RSS {kib / 1024:.0f} MiB, suffix history "
+                              f"{held[0] / 2**20:.0f} MiB, lookup dynamic caches {held[1] / 2**20:.1f} MiB",
+                              flush=True)
                     time.sleep(args.sample)
 
         def client_loop(c: int) -> None:
