@@ -34,12 +34,29 @@ No backend and no llguidance here: the grammar comes in as a :class:`GrammarView
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from promptlookup.drafting.base import Draft, DraftSource, StepFeedback, make_draft, report_of
+from promptlookup.drafting.grammar_guess import MIN_SHARE, MIN_WEIGHT, FollowerCounts, GuessRecord
 
 FORCED = "forced"  # the draft feature: which of its tokens the grammar forced (bit i: token i)
 GRAMMAR = "grammar"  # the source name of a draft made of forced tokens only
+MAX_CANDIDATES = 12  # followers of the last tokens the grammar is asked about, heaviest first
+MIN_CHAIN = 0.25  # a continuation stops guessing where all its guesses would hold less often than this
+
+
+class Continuation(NamedTuple):
+    """What may follow a draft under the grammar (:meth:`GrammarDrafts.after`): ``tokens``, each
+    one's chance ``p`` of holding once the ones before it held (1.0: the grammar forces it; less:
+    a guess, :mod:`promptlookup.drafting.grammar_guess`), and ``forced``, the bit mask of the forced
+    positions."""
+
+    tokens: tuple[int, ...] = ()
+    p: tuple[float, ...] = ()
+    forced: int = 0
+
+
+NOTHING = Continuation()
 
 
 class GrammarView(Protocol):
@@ -77,25 +94,75 @@ class GrammarDrafts:
         self.name = inner.name
         self._tokens: list[int] = []
         self.forced_drafted = 0  # forced tokens sent in drafts (accepted ones are in the counters)
+        self.followers = FollowerCounts()
+        self.guesses = GuessRecord()
 
     def reset(self, prompt: Sequence[int]) -> None:
         self._tokens = [int(t) for t in prompt]
+        self.followers.reset(self._tokens)
+        self.guesses = GuessRecord()
         self.inner.reset(prompt)
 
     def extend(self, tokens: Sequence[int]) -> None:
         self._tokens.extend(int(t) for t in tokens)
+        self.followers.extend(tokens)
+        self.guesses.score(self._tokens)
         self.inner.extend(tokens)
 
     def _valid(self, draft: Sequence[int]) -> int:
         return self.grammar.valid(self._tokens, draft)
 
-    def _forced_after(self, draft: Sequence[int], limit: int) -> list[int]:
-        return self.grammar.forced([*self._tokens, *draft], limit)
+    def guess(self, stream: Sequence[int]) -> tuple[int, float] | None:
+        """The token to guess after ``stream`` where the grammar forces nothing, with its chance of
+        holding: the heaviest follower of the stream's last two tokens (else of its last one) that
+        the grammar allows, if it was seen enough
+        (:data:`~promptlookup.drafting.grammar_guess.MIN_WEIGHT`) and carries most of the allowed
+        followers' weight (:data:`~promptlookup.drafting.grammar_guess.MIN_SHARE`)."""
+        for n in (2, 1):
+            if len(stream) < n:
+                continue
+            allowed = [(t, w) for t, w in self.followers.followers(stream[-n:])[:MAX_CANDIDATES]
+                       if self.grammar.valid(stream, (t,)) == 1]
+            if not allowed:
+                continue
+            token, weight = allowed[0]
+            share = weight / (sum(w for _, w in allowed) + 1.0)  # one sighting alone: an even chance
+            if weight >= MIN_WEIGHT and share >= MIN_SHARE:
+                return token, self.guesses.p(token, share)
+        return None
+
+    def after(self, draft: Sequence[int], limit: int) -> Continuation:
+        """Up to ``limit`` tokens after ``draft``: what the grammar forces, and where it leaves a
+        choice, a guess (:meth:`guess`) followed by what it forces then, and so on while the
+        guesses' joint chance stays at least :data:`MIN_CHAIN`. Every guess made is scored later."""
+        stream = [*self._tokens, *draft]
+        start = len(self._tokens)
+        tokens: list[int] = []
+        p: list[float] = []
+        mask = 0
+        chance = 1.0
+        while len(tokens) < limit:
+            f = self.grammar.forced(stream, limit - len(tokens))
+            if f:
+                mask |= ((1 << len(f)) - 1) << len(tokens)
+                tokens.extend(f)
+                stream.extend(f)
+                p.extend([1.0] * len(f))
+                continue
+            g = self.guess(stream) if stream else None
+            if g is None or chance * g[1] < MIN_CHAIN:
+                break
+            self.guesses.made(start, stream[start:], g[0])
+            chance *= g[1]
+            tokens.append(g[0])
+            stream.append(g[0])
+            p.append(g[1])
+        return Continuation(tuple(tokens), tuple(p), mask) if tokens else NOTHING
 
     def propose(self, k: int) -> Draft:
         forced = self.grammar.forced(self._tokens, k)
         weigh: Callable[..., Draft | None] | None = getattr(self.inner, "propose_forced", None)
-        d = weigh(k, forced, self._valid, self._forced_after) if weigh is not None else None
+        d = weigh(k, forced, self._valid, self.after) if weigh is not None else None
         if d is not None:  # the source priced the forced tokens itself (auto): its length stands
             tokens = tuple(d.tokens[:k])
             tokens = tokens[: self._valid(tokens)]

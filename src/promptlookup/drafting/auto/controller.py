@@ -25,7 +25,7 @@ from typing import Any
 from promptlookup.drafting.auto.acceptance import AcceptanceModel, match_bucket
 from promptlookup.drafting.auto.timing import StepTimes
 from promptlookup.drafting.base import Draft, DraftSource, StepFeedback
-from promptlookup.drafting.forced import FORCED, GRAMMAR
+from promptlookup.drafting.forced import FORCED, GRAMMAR, NOTHING, Continuation
 
 HALF_LIFE = 128.0  # steps after which a realized outcome weighs half: choices are re-judged as things drift
 CALIBRATION_STRENGTH = 4.0  # predicted accepted tokens at the prior ratio in a realized/predicted ratio
@@ -281,7 +281,7 @@ class AutoDrafter:
         return self._propose(k, (), None, None)
 
     def propose_forced(self, k: int, forced: Sequence[int], valid: Callable[[Sequence[int]], int],
-                       after: Callable[[Sequence[int], int], Sequence[int]] | None = None) -> Draft:
+                       after: Callable[[Sequence[int], int], Continuation] | None = None) -> Draft:
         """:meth:`propose` under a grammar (:mod:`promptlookup.drafting.forced`): ``forced`` are
         the tokens it forces next, priced as certain (acceptance 1, scaled only by what drafts of
         them realized: a forced token in the tokenizer's own tokenization is the masked choice
@@ -289,16 +289,17 @@ class AutoDrafter:
         begins with them is priced as certain up to there and by the acceptance model after. Every
         source's draft is first cut where ``valid`` says it leaves the grammar.
 
-        ``after(draft, limit)``: the tokens the grammar forces once ``draft`` is written. A
-        source's whole draft is offered with them appended, priced as certain once the draft has
-        held: where nothing is forced (JSON's optional whitespace leaves the quote before a
-        property name to the model) a source that guesses the model's ``, "`` is followed by the
-        property name and ``":`` the grammar then forces. The draft's :data:`FORCED` feature marks
-        those appended positions."""
+        ``after(draft, limit)``: the :class:`~promptlookup.drafting.forced.Continuation` of a draft,
+        what the grammar forces once it is written and, where the grammar leaves a choice (JSON's
+        optional whitespace leaves the quote before a property name to the model), the grammar
+        layer's guess, each token with its chance of holding. The forced tokens and every source's
+        whole draft are offered with each length of their continuation, priced by those chances
+        once what comes before held: a guessed ``, "`` brings the property name and ``":`` the
+        grammar then forces. The draft's :data:`FORCED` feature marks the forced positions."""
         return self._propose(k, tuple(int(t) for t in forced), valid, after)
 
     def _propose(self, k: int, forced: tuple[int, ...], valid: Callable[[Sequence[int]], int] | None,
-                 after: Callable[[Sequence[int], int], Sequence[int]] | None) -> Draft:
+                 after: Callable[[Sequence[int], int], Continuation] | None) -> Draft:
         start = len(self._stream)
         self._step += 1
         self._since_plain += 1
@@ -307,18 +308,24 @@ class AutoDrafter:
         plain = self.plain_rate() * (1.0 + self.margin)
         best: Draft | None = None
         best_i, best_k, best_rate, best_pred = -1, 0, plain, 0.0
-        best_ext: tuple[int, ...] = ()  # forced tokens appended after the best source's whole draft
+        best_ext: tuple[int, ...] = ()  # the continuation sent after the best source's whole draft
+        best_ext_forced = 0  # its forced positions
         depth = min(k, self.max_draft)
         f = min(len(forced), depth)
-        if f:  # the grammar's forced tokens: accepted by construction, priced so
-            g = Draft(forced[:f], GRAMMAR, f)
+        cont = after(forced[:f], depth - f) if after is not None and f < depth else NOTHING
+        if f or cont.tokens:  # the grammar's forced tokens (accepted by construction) and what follows
+            g = Draft((*forced[:f], *cont.tokens), GRAMMAR, f,
+                      {FORCED: float(cont.forced << f)} if cont.forced else {})
             self._pending.append(_Pending(start, g))
             ratio = self.source_ratio(GRAMMAR)
             bucket = match_bucket(f)
-            for kk in range(1, f + 1):
-                r = self.rate(GRAMMAR, f, kk, 1.0 + kk, ratio, bucket)
+            pred, chance = 0.0, 1.0
+            for kk in range(1, len(g.tokens) + 1):
+                chance *= 1.0 if kk <= f else cont.p[kk - f - 1]
+                pred += chance
+                r = self.rate(GRAMMAR, f, kk, 1.0 + pred, ratio, bucket)
                 if r > best_rate + 1e-12:
-                    best, best_i, best_k, best_rate, best_pred = g, -1, kk, r, float(kk)
+                    best, best_i, best_k, best_rate, best_pred = g, -1, kk, r, pred
         for i, source in enumerate(self.sources):
             if not self._ask(i):
                 continue
@@ -343,16 +350,20 @@ class AutoDrafter:
                 pred = lead + e[kk - lead] - 1.0
                 r = self.rate(d.source, d.match_len, kk, 1.0 + pred, ratio, bucket)
                 if r > best_rate + 1e-12:
-                    best, best_i, best_k, best_rate, best_pred, best_ext = d, i, kk, r, pred, ()
-            ext: tuple[int, ...] = ()
-            if after is not None and top == len(d.tokens) < depth:
-                ext = tuple(int(t) for t in after(d.tokens, depth - top))
-            if ext:  # the whole draft, then what the grammar forces after it: certain once it held
-                held = e[top - lead] - e[top - lead - 1]  # the chance that all of the draft holds
-                pred = lead + e[top - lead] - 1.0 + held * len(ext)
-                r = self.rate(d.source, d.match_len, top + len(ext), 1.0 + pred, ratio, bucket)
+                    best, best_i, best_k, best_rate, best_pred, best_ext, best_ext_forced = (
+                        d, i, kk, r, pred, (), 0)
+            ext = (after(d.tokens, depth - top) if after is not None and top == len(d.tokens) < depth
+                   else NOTHING)
+            # the whole draft, then each length of its continuation, once the draft held
+            chance = e[top - lead] - e[top - lead - 1]  # the chance that all of the draft holds
+            pred = lead + e[top - lead] - 1.0
+            for j in range(1, len(ext.tokens) + 1):
+                chance *= ext.p[j - 1]
+                pred += chance
+                r = self.rate(d.source, d.match_len, top + j, 1.0 + pred, ratio, bucket)
                 if r > best_rate + 1e-12:
-                    best, best_i, best_k, best_rate, best_pred, best_ext = d, i, top + len(ext), r, pred, ext
+                    best, best_i, best_k, best_rate, best_pred = d, i, top + j, r, pred
+                    best_ext, best_ext_forced = ext.tokens[:j], ext.forced & ((1 << j) - 1)
         if best_i >= 0:
             self._idle[best_i] = 0
         if best is not None and self._plain_due(best_rate / plain):
@@ -369,8 +380,9 @@ class AutoDrafter:
         cal.chosen_steps += 1
         cal.per_source[best.source] = cal.per_source.get(best.source, 0) + 1
         features = {**best.features, "expected_tokens": best_pred + 1.0, "rate": best_rate}
-        if best_ext:  # the appended positions (the grammar layer adds the forced tokens it began with)
-            features[FORCED] = float(((1 << len(best_ext)) - 1) << (best_k - len(best_ext)))
+        if best_ext_forced:  # the forced ones of the appended positions (the grammar layer adds the
+            # forced tokens it began with)
+            features[FORCED] = float(best_ext_forced << (best_k - len(best_ext)))
         return Draft(tokens=(*best.tokens[:best_k - len(best_ext)], *best_ext), source=best.source,
                      match_len=best.match_len, features=features)
 

@@ -1,0 +1,127 @@
+"""Guesses where a grammar leaves a choice that the text around makes one way.
+
+Why. JSON's optional whitespace stops llguidance's forced tokens at every separator: after a
+property name ``"symbol`` the quote may join the colon (``":``), and after ``":`` any whitespace may
+come before the value, so the grammar forces nothing there, and a step is spent on ``":`` and another
+on `` "`` (one each time, on every property of every tool call). The model writes them one way: the
+way the prompt's JSON (a tool list, a schema) writes them and the way it wrote them a moment ago. So
+where the grammar forces nothing, the token that most often followed the last token in the prompt and
+the output, among those the grammar allows, is a good guess; and after a guess the grammar often
+forces again (the property name after `` "``). :class:`FollowerCounts` ranks those tokens;
+:class:`GuessRecord` learns how often guesses held, so the price ``auto`` puts on one is measured,
+not assumed. A guess is a draft like any other: verified, never trusted, so the output stays exact.
+
+No backend and no grammar here: the grammar layer (:mod:`promptlookup.drafting.forced`) asks which
+followers the grammar allows.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+
+OUTPUT_WEIGHT = 4  # an output pair counts this many prompt pairs: the model's own style under the grammar
+MIN_WEIGHT = 1.0  # a follower seen less (in weighted pairs) is no guess
+MIN_SHARE = 0.5  # ... nor one with less than this share of the allowed followers' weight (plus one)
+PRIOR_STRENGTH = 2.0  # the share is worth this many scored guesses of the same token
+P_MAX = 0.98  # a guess is never priced as certain: only forced tokens are
+
+
+def followers_reference(stream: Sequence[int], n_prompt: int,
+                        context: Sequence[int]) -> list[tuple[int, float]]:
+    """The plain twin of :meth:`FollowerCounts.followers`: the token after every occurrence of
+    ``context`` in ``stream`` (the prompt's first ``n_prompt`` tokens, then the output), weighed 1
+    inside the prompt and :data:`OUTPUT_WEIGHT` where that token is output; heaviest first, then
+    lowest id."""
+    n = len(context)
+    weights: dict[int, float] = {}
+    for i in range(len(stream) - n):
+        if list(stream[i : i + n]) == list(context):
+            nxt = int(stream[i + n])
+            weights[nxt] = weights.get(nxt, 0.0) + (1.0 if i + n < n_prompt else float(OUTPUT_WEIGHT))
+    return sorted(weights.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
+class FollowerCounts:
+    """Which tokens followed one or two tokens in the prompt and the output, and how often.
+
+    The prompt's are counted when asked, in numpy over the prompt's ids (a 4k-token prompt in tens
+    of microseconds); the output's are kept in a dict as it grows (its tokens after the last one
+    or two tokens before them, the prompt's tail included)."""
+
+    ORDERS = (1, 2)
+
+    def __init__(self) -> None:
+        self._prompt = np.zeros(0, dtype=np.int64)
+        self._tail: list[int] = []  # the stream's last tokens (the context of the next one)
+        self._out: dict[tuple[int, ...], Counter[int]] = {}
+
+    def reset(self, prompt: Sequence[int]) -> None:
+        self._prompt = np.asarray(prompt, dtype=np.int64)
+        self._tail = [int(t) for t in prompt[-max(self.ORDERS):]]
+        self._out = {}
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        for t in tokens:
+            t = int(t)
+            for n in self.ORDERS:
+                if len(self._tail) >= n:
+                    self._out.setdefault(tuple(self._tail[-n:]), Counter())[t] += 1
+            self._tail = [*self._tail[1 - max(self.ORDERS):], t]
+
+    def followers(self, context: Sequence[int]) -> list[tuple[int, float]]:
+        """``(token, weight)`` of every token that followed ``context`` (one or two tokens),
+        heaviest first, then lowest id (:func:`followers_reference` is the plain twin)."""
+        key = tuple(int(t) for t in context)
+        if len(key) not in self.ORDERS:
+            raise ValueError(f"a context of {len(key)} tokens; followers are counted after {self.ORDERS}")
+        p = self._prompt
+        n = len(key)
+        weights: dict[int, float] = {}
+        if len(p) > n:
+            hit = p[: len(p) - n] == key[0]
+            for j in range(1, n):
+                hit &= p[j : len(p) - n + j] == key[j]
+            nxt = p[n:][hit]
+            if len(nxt):
+                ids, counts = np.unique(nxt, return_counts=True)
+                weights = {int(i): float(c) for i, c in zip(ids, counts, strict=True)}
+        for t, c in self._out.get(key, {}).items():
+            weights[t] = weights.get(t, 0.0) + float(OUTPUT_WEIGHT * c)
+        return sorted(weights.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
+class GuessRecord:
+    """How often guesses held: per guessed token, shrunk toward the share it was guessed with.
+
+    Every guess made is scored once the confirmed tokens reach its position, if the tokens before it
+    (the draft it was made after) held: a conditional acceptance, as ``auto``'s acceptance model
+    keeps, learned whether or not the guess was sent (the output does not depend on drafts)."""
+
+    def __init__(self) -> None:
+        self.hits: dict[int, float] = {}
+        self.trials: dict[int, float] = {}
+        self._pending: dict[tuple[int, int], tuple[int, ...]] = {}  # (position, token) -> the prefix
+
+    def p(self, token: int, share: float) -> float:
+        """The chance that a guess of ``token`` made with ``share`` holds."""
+        hits, trials = self.hits.get(token, 0.0), self.trials.get(token, 0.0)
+        return min(P_MAX, (hits + share * PRIOR_STRENGTH) / (trials + PRIOR_STRENGTH))
+
+    def made(self, start: int, prefix: Sequence[int], token: int) -> None:
+        """A guess of ``token`` at position ``start + len(prefix)``, after ``prefix`` from ``start``."""
+        self._pending.setdefault((start + len(prefix), int(token)), (start, *prefix))
+
+    def score(self, stream: Sequence[int]) -> None:
+        """Score every guess whose position ``stream`` (the whole confirmed stream) has reached."""
+        n = len(stream)
+        done = [key for key in self._pending if key[0] < n]
+        for key in done:
+            start, *prefix = self._pending.pop(key)
+            at, token = key
+            if list(stream[start:at]) != prefix:
+                continue  # the draft before it failed: says nothing about the guess
+            self.trials[token] = self.trials.get(token, 0.0) + 1.0
+            self.hits[token] = self.hits.get(token, 0.0) + (1.0 if stream[at] == token else 0.0)
