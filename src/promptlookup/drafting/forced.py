@@ -16,7 +16,12 @@ and
   tokens only where it predicted them too), then what the grammar forces after that, and so on up to
   the draft length (:meth:`GrammarDrafts.interleave`);
 * cuts any draft where it first leaves the grammar: the masked choice at a forbidden token differs
-  from it, so the verify would reject it there anyway, and the tokens after it only cost width.
+  from it, so the verify would reject it there anyway, and the tokens after it only cost width;
+* where the grammar leaves a choice that the text around makes one way (JSON's optional whitespace:
+  ``":`` after a property name, `` "`` before a string), guesses it from the tokens that followed
+  the last ones in the prompt and the output, among those the grammar allows, and goes on with what
+  the grammar forces after the guess (:meth:`GrammarDrafts.after`;
+  :mod:`promptlookup.drafting.grammar_guess`). ``auto`` prices a guess by how often guesses held.
 
 A source that can weigh the forced tokens itself (``auto``: it prices them as certain when it
 decides the draft's length, and what the grammar forces after a source's draft as certain once that
