@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
 
 from promptlookup.drafting.base import Draft, DraftSource, StepFeedback, make_draft, report_of
-from promptlookup.drafting.grammar_guess import MIN_SHARE, MIN_WEIGHT, FollowerCounts, GuessRecord
+from promptlookup.drafting.grammar_guess import MIN_SHARE, FollowerCounts, GuessRecord
 
 FORCED = "forced"  # the draft feature: which of its tokens the grammar forced (bit i: token i)
 GRAMMAR = "grammar"  # the source name of a draft made of forced tokens only
@@ -120,9 +120,9 @@ class GrammarDrafts:
     def guess(self, stream: Sequence[int]) -> tuple[int, float] | None:
         """The token to guess after ``stream`` where the grammar forces nothing, with its chance of
         holding: the heaviest follower of the stream's last two tokens (else of its last one) that
-        the grammar allows, if it was seen enough
-        (:data:`~promptlookup.drafting.grammar_guess.MIN_WEIGHT`) and carries most of the allowed
-        followers' weight (:data:`~promptlookup.drafting.grammar_guess.MIN_SHARE`)."""
+        the grammar allows, if it carries most of the allowed followers' weight plus one
+        (:data:`~promptlookup.drafting.grammar_guess.MIN_SHARE`: a follower seen once and nothing
+        else is an even chance, one seen once beside another is no guess)."""
         for n in (2, 1):
             if len(stream) < n:
                 continue
@@ -132,7 +132,7 @@ class GrammarDrafts:
                 continue
             token, weight = allowed[0]
             share = weight / (sum(w for _, w in allowed) + 1.0)  # one sighting alone: an even chance
-            if weight >= MIN_WEIGHT and share >= MIN_SHARE:
+            if share >= MIN_SHARE:
                 return token, self.guesses.p(token, share)
         return None
 

@@ -23,8 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 
 OUTPUT_WEIGHT = 4  # an output pair counts this many prompt pairs: the model's own style under the grammar
-MIN_WEIGHT = 1.0  # a follower seen less (in weighted pairs) is no guess
-MIN_SHARE = 0.5  # ... nor one with less than this share of the allowed followers' weight (plus one)
+MIN_SHARE = 0.5  # a follower with less than this share of the allowed followers' weight plus one is no guess
 PRIOR_STRENGTH = 2.0  # the share is worth this many scored guesses of the same token
 P_MAX = 0.98  # a guess is never priced as certain: only forced tokens are
 
