@@ -103,3 +103,15 @@ def test_learned_bytes_walks_the_sources_inside_a_source():
     layer = SimpleNamespace(inner=SimpleNamespace(sources=[a, SimpleNamespace(), b]))
     assert learned_bytes(layer) == a.dynamic.bytes_in_use + b.dynamic.bytes_in_use > 0
     assert learned_bytes(None) == 0 and learned_bytes(SimpleNamespace()) == 0
+
+
+def test_sources_within_walks_depth_first_and_stops_where_told():
+    from promptlookup.drafting.base import sources_within
+
+    c, d = SimpleNamespace(name="c"), SimpleNamespace(name="d")
+    b = SimpleNamespace(name="b", inner=d)
+    a = SimpleNamespace(name="a", sources=[b, c])
+    layer = SimpleNamespace(name="layer", inner=a)
+    assert [s.name for s in sources_within(layer)] == ["layer", "a", "b", "d", "c"]
+    assert [s.name for s in sources_within(layer, stop=lambda s: s.name == "b")] == ["layer", "a", "b", "c"]
+    assert list(sources_within(None)) == []

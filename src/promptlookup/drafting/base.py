@@ -10,7 +10,7 @@ choices by measured time; a source that does not adapt ignores it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -178,33 +178,37 @@ class NoDraft:
         pass
 
 
-def use_corpora(source: Any, corpora: Sequence[Any] | None) -> None:
-    """Point every source inside ``source`` that drafts from corpora (the suffix source, alone, in
-    ``auto`` or behind a slot's lock) at ``corpora`` -- a request's named corpora, opened indexes --
-    or, with None, back at its own. Sources without corpora ignore it."""
+def sources_within(source: Any, stop: Callable[[Any], bool] | None = None) -> Iterator[Any]:
+    """``source`` and every source inside it (a layer's ``inner``, ``auto``'s ``sources``), depth
+    first; nothing below a source for which ``stop`` is true is walked."""
     if source is None:
         return
-    fn = getattr(source, "use_corpora", None)
-    if fn is not None:
-        fn(corpora)
+    yield source
+    if stop is not None and stop(source):
         return
     inner = getattr(source, "inner", None)
     if inner is not None:
-        use_corpora(inner, corpora)
+        yield from sources_within(inner, stop)
     for s in getattr(source, "sources", None) or ():
-        use_corpora(s, corpora)
+        yield from sources_within(s, stop)
+
+
+def _takes_corpora(source: Any) -> bool:
+    return getattr(source, "use_corpora", None) is not None
+
+
+def use_corpora(source: Any, corpora: Sequence[Any] | None) -> None:
+    """Point every source inside ``source`` that drafts from corpora (the suffix source, alone, in
+    ``auto`` or behind a slot's lock) at ``corpora`` -- a request's named corpora, opened indexes --
+    or, with None, back at its own. Sources without corpora ignore it; a source that takes corpora
+    passes them on itself, so nothing below it is walked."""
+    for s in sources_within(source, stop=_takes_corpora):
+        if _takes_corpora(s):
+            s.use_corpora(corpora)
 
 
 def learned_bytes(source: Any) -> int:
     """Bytes that ``source`` and every source inside it (in ``auto``, behind a grammar layer) keep
     from one request to the next for themselves: lookup's dynamic cache, which a source declares as
     ``learned_bytes``. A shared suffix history is counted once by its owner, not here."""
-    if source is None:
-        return 0
-    total = int(getattr(source, "learned_bytes", 0))
-    inner = getattr(source, "inner", None)
-    if inner is not None:
-        total += learned_bytes(inner)
-    for s in getattr(source, "sources", None) or ():
-        total += learned_bytes(s)
-    return total
+    return sum(int(getattr(s, "learned_bytes", 0)) for s in sources_within(source))
