@@ -24,8 +24,9 @@ and
   :mod:`promptlookup.drafting.grammar_guess`). ``auto`` prices a guess by how often guesses held.
 
 A source that can weigh the forced tokens itself (``auto``: it prices them as certain when it
-decides the draft's length, and what the grammar forces after a source's draft as certain once that
-draft held) offers ``propose_forced(k, forced, valid, after)``; it is asked that instead.
+decides the draft's length, and what follows a draft, :meth:`GrammarDrafts.after`, by each token's
+chance once that draft held) offers ``propose_forced(k, forced, valid, after)``; it is asked that
+instead.
 
 Exactness is untouched: a draft is only ever a guess that the loop verifies (grammar drafts are
 accepted because the model's masked choice equals them, never on trust). The count of accepted
@@ -154,7 +155,7 @@ class GrammarDrafts:
                 stream.extend(f)
                 p.extend([1.0] * len(f))
                 continue
-            g = self.guess(stream) if stream else None
+            g = self.guess(stream)
             if g is None or chance * g[1] < MIN_CHAIN:
                 break
             self.guesses.made(start, stream[start:], g[0])

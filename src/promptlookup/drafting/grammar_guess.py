@@ -5,11 +5,12 @@ property name ``"symbol`` the quote may join the colon (``":``), and after ``":`
 come before the value, so the grammar forces nothing there, and a step is spent on ``":`` and another
 on `` "`` (one each time, on every property of every tool call). The model writes them one way: the
 way the prompt's JSON (a tool list, a schema) writes them and the way it wrote them a moment ago. So
-where the grammar forces nothing, the token that most often followed the last token in the prompt and
-the output, among those the grammar allows, is a good guess; and after a guess the grammar often
-forces again (the property name after `` "``). :class:`FollowerCounts` ranks those tokens;
-:class:`GuessRecord` learns how often guesses held, so the price ``auto`` puts on one is measured,
-not assumed. A guess is a draft like any other: verified, never trusted, so the output stays exact.
+where the grammar forces nothing, the token that most often followed the last two tokens (else the
+last one) in the prompt and the output, among those the grammar allows, is a good guess; and after
+a guess the grammar often forces again (the property name after `` "``). :class:`FollowerCounts`
+ranks those tokens; :class:`GuessRecord` learns how often guesses held, so the price ``auto`` puts
+on one is measured, not assumed. A guess is a draft like any other: verified, never trusted, so
+the output stays exact.
 
 No backend and no grammar here: the grammar layer (:mod:`promptlookup.drafting.forced`) asks which
 followers the grammar allows.
