@@ -20,14 +20,16 @@ with a 95% bootstrap interval over items (``promptlookup.measure.bench``'s ``geo
 ``bootstrap_ci``). The share of tokens that came from grammar drafts is reported per cell, and
 whether every speculative run gave the plain run's tokens (greedy: it must).
 
-The lead's run (issue 43: 30 + 30 on Qwen2.5-Coder-1.5B; on a shared 2-core machine use ``-t 1`` and
+The lead's run (issue 43: 30 + 30 on Qwen2.5-Coder-1.5B and the bundled model, in one run: ``-m``
+repeats and ``--hermes-copy`` adds the bundled model, see below; the models run one after another,
+each on the same items, and the table has a row per model and set; on a shared 2-core machine use
 ``GOMP_SPINCOUNT=1000``, docs/setup.md; the BFCL schemas as they are, then closed as OpenAI's strict
 mode closes them, where more is forced)::
 
     GOMP_SPINCOUNT=1000 PYTHONPATH=src .venv/bin/python benchmarks/grammar_drafts.py -m qwen2.5-coder-1.5b \\
-        --tool-items 30 --schema-items 30 -t 1 --md grammar_drafts_1.5b.md --jsonl grammar_drafts_1.5b.jsonl
+        --hermes-copy --tool-items 30 --schema-items 30 -t 2 --md grammar_drafts.md --jsonl grammar_drafts.jsonl
     GOMP_SPINCOUNT=1000 PYTHONPATH=src .venv/bin/python benchmarks/grammar_drafts.py -m qwen2.5-coder-1.5b \\
-        --tool-items 30 --schema-items 30 -t 1 --strict --md grammar_drafts_1.5b_strict.md
+        --tool-items 30 --schema-items 30 -t 2 --strict --md grammar_drafts_1.5b_strict.md
 
 The bundled SmolLM2 has no tool template: ``--hermes-copy`` runs on its copy with a Hermes template
 (``tests/tool_gguf.py``; the model was never trained on tools, but forced calls always parse)::
@@ -69,6 +71,7 @@ class Item:
 
 @dataclass
 class Run:
+    model: str
     item: str
     kind: str
     cell: str
@@ -155,7 +158,8 @@ def items_from(tasks: list[dict[str, Any]], n_tool: int, n_schema: int, closed: 
     return out
 
 
-def run_item(engine: Any, item: Item, cell: str, max_tokens: int, sampling: dict[str, Any]) -> Run:
+def run_item(engine: Any, item: Item, cell: str, max_tokens: int, sampling: dict[str, Any],
+             model: str = "") -> Run:
     fields: dict[str, Any] = dict(max_tokens=max_tokens, **sampling)
     if cell == "off":
         fields["speculate"] = "off"
@@ -168,52 +172,62 @@ def run_item(engine: Any, item: Item, cell: str, max_tokens: int, sampling: dict
                                      "json_schema": {"name": "args", "schema": item.schema}}
     c = engine.chat(item.messages, **fields)
     k = c.counters
-    return Run(item.id, item.kind, cell, k.generated_tokens, k.decodes, k.grammar_tokens, k.accepted_tokens,
-               k.drafted_tokens, k.decode_s, k.draft_s, k.effective_tps, c.finish_reason, ids=tuple(c.tokens))
+    return Run(model, item.id, item.kind, cell, k.generated_tokens, k.decodes, k.grammar_tokens,
+               k.accepted_tokens, k.drafted_tokens, k.decode_s, k.draft_s, k.effective_tps, c.finish_reason,
+               ids=tuple(c.tokens))
 
 
 def table(runs: list[Run]) -> str:
-    """Per set (tool, schema): per-item paired ratios' geometric means with 95% bootstrap intervals,
-    each cell's pooled rate and grammar share, and identical-to-plain counts."""
+    """Per model and set (tool, schema): per-item paired ratios' geometric means with 95% bootstrap
+    intervals, each cell's pooled rate and grammar share, and identical-to-plain counts."""
     from promptlookup.measure.bench import bootstrap_ci, geomean
 
-    head = ("| set | items | grammar vs nogrammar (95% CI) | grammar vs off (95% CI) | "
+    head = ("| model | set | items | grammar vs nogrammar (95% CI) | grammar vs off (95% CI) | "
             "nogrammar vs off (95% CI) | pooled tok/s grammar / nogrammar / off | "
             "tokens from grammar drafts | identical to plain |")
-    out = [head, "|" + "---|" * 8]
-    for kind in ("tool", "schema"):
-        mine = [r for r in runs if r.kind == kind]
-        by = {(r.item, r.cell): r for r in mine}
-        items = list(dict.fromkeys(r.item for r in mine))
-        cols = []
-        for a, b in (("grammar", "nogrammar"), ("grammar", "off"), ("nogrammar", "off")):
-            ratios = [by[i, a].effective_tps / by[i, b].effective_tps for i in items
-                      if (i, a) in by and (i, b) in by
-                      and by[i, a].effective_tps > 0 and by[i, b].effective_tps > 0]
-            if ratios:
-                lo, hi = bootstrap_ci(ratios)
-                cols.append(f"{geomean(ratios):.3f}x ({lo:.3f}-{hi:.3f}, n={len(ratios)})")
-            else:
-                cols.append("-")
-        rates = []
-        for cell in CELLS:
-            rs = [r for r in mine if r.cell == cell]
-            spent = sum(r.decode_s + r.draft_s for r in rs)
-            rates.append(f"{sum(r.tokens for r in rs) / spent:.2f}" if spent > 0 else "-")
-        g = [r for r in mine if r.cell == "grammar"]
-        share = (f"{sum(r.grammar_tokens for r in g)}/{sum(r.tokens for r in g)} "
-                 f"({100 * sum(r.grammar_tokens for r in g) / max(1, sum(r.tokens for r in g)):.1f}%)")
-        known = [r.identical for r in mine if r.identical is not None]
-        out.append(f"| {kind} | {len(items)} | {cols[0]} | {cols[1]} | {cols[2]} | {' / '.join(rates)} | "
-                   f"{share} | {sum(known)}/{len(known)} |")
+    out = [head, "|" + "---|" * 9]
+    for model in dict.fromkeys(r.model for r in runs):
+        for kind in ("tool", "schema"):
+            mine = [r for r in runs if r.kind == kind and r.model == model]
+            if mine:
+                out.append(f"| {model} | {kind} | " + _set_row(mine, bootstrap_ci, geomean))
     return "\n".join(out)
+
+
+def _set_row(mine: list[Run], bootstrap_ci: Any, geomean: Any) -> str:
+    by = {(r.item, r.cell): r for r in mine}
+    items = list(dict.fromkeys(r.item for r in mine))
+    cols = []
+    for a, b in (("grammar", "nogrammar"), ("grammar", "off"), ("nogrammar", "off")):
+        ratios = [by[i, a].effective_tps / by[i, b].effective_tps for i in items
+                  if (i, a) in by and (i, b) in by
+                  and by[i, a].effective_tps > 0 and by[i, b].effective_tps > 0]
+        if ratios:
+            lo, hi = bootstrap_ci(ratios)
+            cols.append(f"{geomean(ratios):.3f}x ({lo:.3f}-{hi:.3f}, n={len(ratios)})")
+        else:
+            cols.append("-")
+    rates = []
+    for cell in CELLS:
+        rs = [r for r in mine if r.cell == cell]
+        spent = sum(r.decode_s + r.draft_s for r in rs)
+        rates.append(f"{sum(r.tokens for r in rs) / spent:.2f}" if spent > 0 else "-")
+    g = [r for r in mine if r.cell == "grammar"]
+    share = (f"{sum(r.grammar_tokens for r in g)}/{sum(r.tokens for r in g)} "
+             f"({100 * sum(r.grammar_tokens for r in g) / max(1, sum(r.tokens for r in g)):.1f}%)")
+    known = [r.identical for r in mine if r.identical is not None]
+    return (f"{len(items)} | {cols[0]} | {cols[1]} | {cols[2]} | {' / '.join(rates)} | "
+            f"{share} | {sum(known)}/{len(known)} |")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("-m", "--model", help="model name or GGUF (default: the bundled one)")
+    ap.add_argument("-m", "--model", action="append", default=[],
+                    help="model name or GGUF, repeatable: the models run one after another in this run "
+                         "(default: the bundled one)")
     ap.add_argument("--hermes-copy", action="store_true",
-                    help="the bundled model with a Hermes tool template (tests/tool_gguf.py)")
+                    help="also (or only) the bundled model with a Hermes tool template (tests/tool_gguf.py), "
+                         "after the -m models")
     ap.add_argument("--items", type=Path,
                     help="the agents items.jsonl (default <workloads>/real/agents/items.jsonl)")
     ap.add_argument("--tool-items", type=int, default=30)
@@ -239,43 +253,49 @@ def main(argv: Sequence[str] | None = None) -> int:
     from promptlookup.api import Engine, load_backend
     from promptlookup.fileio import atomic_write_text
 
-    model = args.model
+    models: list[str | None] = list(args.model)
     if args.hermes_copy:
         sys.path.insert(0, str(HERE.parent / "tests"))
         from tool_gguf import hermes_gguf
 
-        model = str(hermes_gguf())
-    backend = load_backend(model, n_ctx=args.ctx, threads=args.threads)
-    engines = {cell: Engine.from_backend(backend, speculate=args.speculate if cell != "off" else "off")
-               for cell in CELLS}
+        models.append(str(hermes_gguf()))
     sampling: dict[str, Any] = {"temperature": args.temperature}
     if args.temperature > 0:
         sampling["seed"] = args.seed
     runs: list[Run] = []
+    names: list[str] = []
     t0 = time.perf_counter()
-    for n, item in enumerate(items):
-        order = CELLS[n % 3 :] + CELLS[: n % 3]  # the cells' order rotates: drift is shared
-        got = {cell: run_item(engines[cell], item, cell, args.max_tokens, sampling) for cell in order}
-        for cell in CELLS:
-            r = got[cell]
-            r.identical = None if cell == "off" else r.ids == got["off"].ids
-            runs.append(r)
-        g = got["grammar"]
-        print(f"[{n + 1}/{len(items)}] {item.kind} {item.id}: {g.tokens} tokens, {g.grammar_tokens} from "
-              f"the grammar; tok/s " + " / ".join(f"{got[c].effective_tps:.1f}" for c in CELLS)
-              + f" ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
-        if args.jsonl:
-            atomic_write_text(args.jsonl, "".join(json.dumps({**asdict(r), "ids": list(r.ids)}) + "\n"
-                                                  for r in runs))
+    for model in models or [None]:
+        backend = load_backend(model, n_ctx=args.ctx, threads=args.threads)
+        name = backend.model_path.name
+        names.append(f"{name}, {backend.n_threads} threads")
+        engines = {cell: Engine.from_backend(backend, speculate=args.speculate if cell != "off" else "off")
+                   for cell in CELLS}
+        for n, item in enumerate(items):
+            order = CELLS[n % 3 :] + CELLS[: n % 3]  # the cells' order rotates: drift is shared
+            got = {cell: run_item(engines[cell], item, cell, args.max_tokens, sampling, name)
+                   for cell in order}
+            for cell in CELLS:
+                r = got[cell]
+                r.identical = None if cell == "off" else r.ids == got["off"].ids
+                runs.append(r)
+            g = got["grammar"]
+            print(f"[{name} {n + 1}/{len(items)}] {item.kind} {item.id}: {g.tokens} tokens, "
+                  f"{g.grammar_tokens} from the grammar; tok/s "
+                  + " / ".join(f"{got[c].effective_tps:.1f}" for c in CELLS)
+                  + f" ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+            if args.jsonl:
+                atomic_write_text(args.jsonl, "".join(json.dumps({**asdict(r), "ids": list(r.ids)}) + "\n"
+                                                      for r in runs))
+        backend.close()  # shared by the engines: closed once, before the next model loads
     text = table(runs)
     print(text)
     if args.md:
         words = sys.argv[1:] if argv is None else list(argv)
         cmd = "PYTHONPATH=src python benchmarks/grammar_drafts.py " + " ".join(words)
         med = statistics.median(r.tokens for r in runs) if runs else 0
-        atomic_write_text(args.md, f"{text}\n\n`{cmd}`; model {backend.model_path.name}, "
-                                   f"{backend.n_threads} threads, median {med:g} tokens per answer\n")
-    backend.close()  # shared by the engines: closed once
+        atomic_write_text(args.md, f"{text}\n\n`{cmd}`; models {'; '.join(names)}; median {med:g} tokens "
+                                   f"per answer; {time.perf_counter() - t0:.0f} s\n")
     return 0
 
 
