@@ -32,15 +32,15 @@ from promptlookup.speculate import generate
 def test_followers_count_the_prompt_once_and_the_output_heavier():
     f = FollowerCounts()
     f.reset([1, 2, 3, 1, 2, 4, 1, 2, 3])
-    assert f.followers([1, 2]) == [(3, 2.0), (4, 1.0)]
-    assert f.followers([2]) == [(3, 2.0), (4, 1.0)]
+    assert f.followers([1, 2]) == [(3, 2.0, 2), (4, 1.0, 1)]
+    assert f.followers([2]) == [(3, 2.0, 2), (4, 1.0, 1)]
     assert f.followers([9]) == []
     f.extend([1, 2])  # the pairs across the prompt's end count as output: 3 -> 1, (2, 3) -> 1
     f.extend([4])
     assert OUTPUT_WEIGHT == 4
-    assert f.followers([1, 2]) == [(4, 5.0), (3, 2.0)]
-    assert f.followers([3]) == [(1, 5.0)]  # 3 -> 1 once in the prompt, once as output
-    assert f.followers([2, 3]) == [(1, 5.0)]
+    assert f.followers([1, 2]) == [(4, 5.0, 2), (3, 2.0, 2)]  # ranked by weight, both seen twice
+    assert f.followers([3]) == [(1, 5.0, 2)]  # 3 -> 1 once in the prompt, once as output
+    assert f.followers([2, 3]) == [(1, 5.0, 2)]
     stream = [1, 2, 3, 1, 2, 4, 1, 2, 3, 1, 2, 4]
     for ctx in ([1, 2], [2], [3], [2, 3], [9]):
         assert f.followers(ctx) == followers_reference(stream, 9, ctx)
@@ -49,7 +49,7 @@ def test_followers_count_the_prompt_once_and_the_output_heavier():
 def test_ties_go_to_the_lower_id():
     f = FollowerCounts()
     f.reset([5, 9, 5, 7, 5, 8])
-    assert f.followers([5]) == [(7, 1.0), (8, 1.0), (9, 1.0)]
+    assert f.followers([5]) == [(7, 1.0, 1), (8, 1.0, 1), (9, 1.0, 1)]
 
 
 def test_a_context_of_another_length_is_refused():
@@ -154,8 +154,11 @@ def test_guesses_made_are_scored_as_the_tokens_come():
     assert g.guesses.trials == {}
     g.extend([4])  # the model chose 4: the guess of 6 missed
     assert g.guesses.trials == {6: 1.0} and g.guesses.hits == {6: 0.0}
-    # the model's own 4 after (2, 3) now weighs 4 of 4 + 1: the guess is the model's choice
-    assert g.guess([0, 3, 6, 3, 6, 1, 2, 3]) == (4, pytest.approx(0.8))
+    # the model's own 4 after (2, 3), seen once and nothing else: the guess, at an even chance (the
+    # output's weight ranks followers, their sightings price them)
+    assert g.guess([0, 3, 6, 3, 6, 1, 2, 3]) == (4, pytest.approx(0.5))
+    # after 3 alone: 4 once in the output outweighs 6 twice in the prompt, but holds 1 of 3 sightings
+    assert g.followers.followers([3]) == [(4, 4.0, 1), (6, 2.0, 2)]
 
 
 # -- auto prices the continuation -----------------------------------------------------------------------

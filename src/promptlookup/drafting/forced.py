@@ -121,20 +121,21 @@ class GrammarDrafts:
     def guess(self, stream: Sequence[int]) -> tuple[int, float] | None:
         """The token to guess after ``stream`` where the grammar forces nothing, with its chance of
         holding: the heaviest follower of the stream's last two tokens (else of its last one) that
-        the grammar allows, if it carries most of the allowed followers' weight plus one
-        (:data:`~promptlookup.drafting.grammar_guess.MIN_SHARE`: a follower seen once and nothing
-        else is an even chance, one seen once beside another is no guess)."""
+        the grammar allows, if it was seen in at least half of the allowed followers' sightings plus
+        one (:data:`~promptlookup.drafting.grammar_guess.MIN_SHARE`: a follower seen once and nothing
+        else is an even chance, one seen once beside another is no guess). The output's weight ranks
+        the followers; their sightings, not that weight, give the chance."""
         for n in (2, 1):
             if len(stream) < n:
                 continue
-            allowed = [(t, w) for t, w in self.followers.followers(stream[-n:])[:MAX_CANDIDATES]
-                       if self.grammar.valid(stream, (t,)) == 1]
+            allowed = [f for f in self.followers.followers(stream[-n:])[:MAX_CANDIDATES]
+                       if self.grammar.valid(stream, (f.token,)) == 1]
             if not allowed:
                 continue
-            token, weight = allowed[0]
-            share = weight / (sum(w for _, w in allowed) + 1.0)  # one sighting alone: an even chance
+            top = allowed[0]
+            share = top.seen / (sum(f.seen for f in allowed) + 1.0)  # one sighting alone: an even chance
             if share >= MIN_SHARE:
-                return token, self.guesses.p(token, share)
+                return top.token, self.guesses.p(top.token, share)
         return None
 
     def after(self, draft: Sequence[int], limit: int) -> Continuation:

@@ -20,28 +20,45 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
-OUTPUT_WEIGHT = 4  # an output pair counts this many prompt pairs: the model's own style under the grammar
-MIN_SHARE = 0.5  # a follower with less than this share of the allowed followers' weight plus one is no guess
+OUTPUT_WEIGHT = 4  # an output pair ranks as this many prompt pairs: the model's own style under the grammar
+MIN_SHARE = 0.5  # a follower with less than this share of the allowed sightings plus one is no guess
 PRIOR_STRENGTH = 2.0  # the share is worth this many scored guesses of the same token
 P_MAX = 0.98  # a guess is never priced as certain: only forced tokens are
 
 
-def followers_reference(stream: Sequence[int], n_prompt: int,
-                        context: Sequence[int]) -> list[tuple[int, float]]:
+class Follower(NamedTuple):
+    """A token that followed a context: ``weight`` ranks it (a sighting in the prompt weighs 1, in the
+    output :data:`OUTPUT_WEIGHT`), ``seen`` counts its sightings, which is what its chance rests on:
+    measured on the 1.5B's json_schema answers, a pair seen once in the output held 0.39 of the time
+    where the weighed share priced it at 0.8, and one seen once in the prompt held 0.75."""
+
+    token: int
+    weight: float
+    seen: int
+
+
+def _ranked(weights: dict[int, float], seen: dict[int, int]) -> list[Follower]:
+    return sorted((Follower(t, w, seen[t]) for t, w in weights.items()), key=lambda f: (-f.weight, f.token))
+
+
+def followers_reference(stream: Sequence[int], n_prompt: int, context: Sequence[int]) -> list[Follower]:
     """The plain twin of :meth:`FollowerCounts.followers`: the token after every occurrence of
     ``context`` in ``stream`` (the prompt's first ``n_prompt`` tokens, then the output), weighed 1
     inside the prompt and :data:`OUTPUT_WEIGHT` where that token is output; heaviest first, then
     lowest id."""
     n = len(context)
     weights: dict[int, float] = {}
+    seen: dict[int, int] = {}
     for i in range(len(stream) - n):
         if list(stream[i : i + n]) == list(context):
             nxt = int(stream[i + n])
             weights[nxt] = weights.get(nxt, 0.0) + (1.0 if i + n < n_prompt else float(OUTPUT_WEIGHT))
-    return sorted(weights.items(), key=lambda kv: (-kv[1], kv[0]))
+            seen[nxt] = seen.get(nxt, 0) + 1
+    return _ranked(weights, seen)
 
 
 class FollowerCounts:
@@ -71,15 +88,16 @@ class FollowerCounts:
                     self._out.setdefault(tuple(self._tail[-n:]), Counter())[t] += 1
             self._tail = [*self._tail[1 - max(self.ORDERS):], t]
 
-    def followers(self, context: Sequence[int]) -> list[tuple[int, float]]:
-        """``(token, weight)`` of every token that followed ``context`` (one or two tokens),
-        heaviest first, then lowest id (:func:`followers_reference` is the plain twin)."""
+    def followers(self, context: Sequence[int]) -> list[Follower]:
+        """Every token that followed ``context`` (one or two tokens), heaviest first, then lowest id
+        (:func:`followers_reference` is the plain twin)."""
         key = tuple(int(t) for t in context)
         if len(key) not in self.ORDERS:
             raise ValueError(f"a context of {len(key)} tokens; followers are counted after {self.ORDERS}")
         p = self._prompt
         n = len(key)
         weights: dict[int, float] = {}
+        seen: dict[int, int] = {}
         if len(p) > n:
             hit = p[: len(p) - n] == key[0]
             for j in range(1, n):
@@ -87,10 +105,12 @@ class FollowerCounts:
             nxt = p[n:][hit]
             if len(nxt):
                 ids, counts = np.unique(nxt, return_counts=True)
-                weights = {int(i): float(c) for i, c in zip(ids, counts, strict=True)}
+                seen = {int(i): int(c) for i, c in zip(ids, counts, strict=True)}
+                weights = {t: float(c) for t, c in seen.items()}
         for t, c in self._out.get(key, {}).items():
             weights[t] = weights.get(t, 0.0) + float(OUTPUT_WEIGHT * c)
-        return sorted(weights.items(), key=lambda kv: (-kv[1], kv[0]))
+            seen[t] = seen.get(t, 0) + c
+        return _ranked(weights, seen)
 
 
 class GuessRecord:
