@@ -14,7 +14,8 @@ Cells, on one loaded model (one backend, one engine per cell, so no cell drafts 
 answer to the same item through the suffix history): ``grammar`` (``--speculate`` with grammar
 drafts, the default), ``nogrammar`` (the same with ``grammar_drafts=False``, i.e. the server's
 ``--no-grammar-drafts``) and ``off`` (``--speculate off``). Each item runs in every cell, the cells'
-order rotating per item; the unit of comparison is the item: per item the effective tok/s (decode
+order rotating per item (``--repeats N``: N rounds of the cells taking turns, each cell's median run
+kept, every run checked against plain); the unit of comparison is the item: per item the effective tok/s (decode
 and drafting seconds, prefill excluded, as ``bench``) of one cell over another, their geometric mean
 with a 95% bootstrap interval over items (``promptlookup.measure.bench``'s ``geomean`` and
 ``bootstrap_ci``). The share of tokens that came from grammar drafts is reported per cell, and
@@ -27,7 +28,8 @@ each on the same items, and the table has a row per model and set; on a shared 2
 mode closes them, where more is forced)::
 
     GOMP_SPINCOUNT=1000 PYTHONPATH=src .venv/bin/python benchmarks/grammar_drafts.py -m qwen2.5-coder-1.5b \\
-        --hermes-copy --tool-items 30 --schema-items 30 -t 2 --md grammar_drafts.md --jsonl grammar_drafts.jsonl
+        --hermes-copy --tool-items 30 --schema-items 30 -t 2 --md grammar_drafts.md \\
+        --jsonl grammar_drafts.jsonl
     GOMP_SPINCOUNT=1000 PYTHONPATH=src .venv/bin/python benchmarks/grammar_drafts.py -m qwen2.5-coder-1.5b \\
         --tool-items 30 --schema-items 30 -t 2 --strict --md grammar_drafts_1.5b_strict.md
 
@@ -177,6 +179,15 @@ def run_item(engine: Any, item: Item, cell: str, max_tokens: int, sampling: dict
                ids=tuple(c.tokens))
 
 
+def median_run(tries: Sequence[Run]) -> Run:
+    """The run of median tok/s among one cell's tries of an item (the lower of the middle two for an
+    even count: a run that happened, not an average of two)."""
+    if not tries:
+        raise ValueError("no runs to take the median of")
+    ranked = sorted(tries, key=lambda r: r.effective_tps)
+    return ranked[(len(ranked) - 1) // 2]
+
+
 def table(runs: list[Run]) -> str:
     """Per model and set (tool, schema): per-item paired ratios' geometric means with 95% bootstrap
     intervals, each cell's pooled rate and grammar share, and identical-to-plain counts."""
@@ -233,6 +244,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--tool-items", type=int, default=30)
     ap.add_argument("--schema-items", type=int, default=30)
     ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="run every cell this many times per item and keep its median run: short answers "
+                         "take a second or two, and one slow spell of a shared host moves a single run's "
+                         "ratio by 30%%")
     ap.add_argument("--strict", action="store_true",
                     help="close every object of the schemas and tools' parameters (OpenAI's strict mode)")
     ap.add_argument("--speculate", default="auto", help="the speculating cells' --speculate (default auto)")
@@ -243,6 +258,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--md", type=Path, help="write the table (and the command) here")
     ap.add_argument("--jsonl", type=Path, help="write every run here (rewritten after each item)")
     args = ap.parse_args(argv)
+    if args.repeats < 1:
+        ap.error(f"--repeats must be at least 1, got {args.repeats}")
     try:
         tasks = read_jsonl(args.items or workloads_root() / "real" / "agents" / "items.jsonl")
     except WorkloadError as exc:
@@ -273,11 +290,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                    for cell in CELLS}
         for n, item in enumerate(items):
             order = CELLS[n % 3 :] + CELLS[: n % 3]  # the cells' order rotates: drift is shared
-            got = {cell: run_item(engines[cell], item, cell, args.max_tokens, sampling, name)
-                   for cell in order}
+            tries: dict[str, list[Run]] = {cell: [] for cell in CELLS}
+            for _ in range(args.repeats):  # the cells take turns, so a slow spell falls on all of them
+                for cell in order:
+                    tries[cell].append(run_item(engines[cell], item, cell, args.max_tokens, sampling, name))
+            got = {cell: median_run(tries[cell]) for cell in CELLS}
             for cell in CELLS:
                 r = got[cell]
-                r.identical = None if cell == "off" else r.ids == got["off"].ids
+                r.identical = None if cell == "off" else all(t.ids == got["off"].ids for t in tries[cell])
                 runs.append(r)
             g = got["grammar"]
             print(f"[{name} {n + 1}/{len(items)}] {item.kind} {item.id}: {g.tokens} tokens, "

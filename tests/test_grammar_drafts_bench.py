@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks" / "workloads"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -39,3 +41,19 @@ def test_table_has_a_row_per_model_and_set_in_run_order():
         "| a.gguf | schema | 1 | 1.000x (1.000-1.000, n=1) | 2.000x (2.000-2.000, n=1) | "
         "2.000x (2.000-2.000, n=1) | 10.00 / 10.00 / 5.00 | 0/10 (0.0%) | 1/2 |",
     ]
+
+
+def test_the_median_run_is_one_that_happened():
+    tries = [run("m", "x", "tool", "grammar", 10, s) for s in (1.0, 4.0, 2.0)]  # 10, 2.5, 5 tok/s
+    assert grammar_drafts.median_run(tries) is tries[2]
+    assert grammar_drafts.median_run(tries[:2]) is tries[1]  # of two, the slower
+    assert grammar_drafts.median_run(tries[:1]) is tries[0]
+    with pytest.raises(ValueError, match="no runs"):
+        grammar_drafts.median_run([])
+
+
+def test_repeats_below_one_are_refused(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        grammar_drafts.main(["--repeats", "0"])
+    assert exit_.value.code == 2
+    assert "--repeats must be at least 1, got 0" in capsys.readouterr().err
