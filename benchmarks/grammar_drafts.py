@@ -15,9 +15,9 @@ answer to the same item through the suffix history): ``grammar`` (``--speculate`
 drafts, the default), ``nogrammar`` (the same with ``grammar_drafts=False``, i.e. the server's
 ``--no-grammar-drafts``) and ``off`` (``--speculate off``). Each item runs in every cell, the cells'
 order rotating per item (``--repeats N``: N rounds of the cells taking turns, each cell's median run
-kept, every run checked against plain); the unit of comparison is the item: per item the effective tok/s (decode
-and drafting seconds, prefill excluded, as ``bench``) of one cell over another, their geometric mean
-with a 95% bootstrap interval over items (``promptlookup.measure.bench``'s ``geomean`` and
+kept, every run checked against plain); the unit of comparison is the item: per item the effective
+tok/s (decode and drafting seconds, prefill excluded, as ``bench``) of one cell over another, their
+geometric mean with a 95% bootstrap interval over items (``promptlookup.measure.bench``'s ``geomean`` and
 ``bootstrap_ci``). The share of tokens that came from grammar drafts is reported per cell, and
 whether every speculative run gave the plain run's tokens (greedy: it must).
 
