@@ -14,8 +14,9 @@ Cells, on one loaded model (one backend, one engine per cell, so no cell drafts 
 answer to the same item through the suffix history): ``grammar`` (``--speculate`` with grammar
 drafts, the default), ``nogrammar`` (the same with ``grammar_drafts=False``, i.e. the server's
 ``--no-grammar-drafts``) and ``off`` (``--speculate off``). Each item runs in every cell, the cells'
-order rotating per item (``--repeats N``: N rounds of the cells taking turns, each cell's median run
-kept, every run checked against plain); the unit of comparison is the item: per item the effective
+order rotating per item (``--repeats N``: N rounds of the cells taking turns, each round on its own
+engines, so that no try drafts from an earlier try's answer; each cell's median run kept, every run
+checked against plain); the unit of comparison is the item: per item the effective
 tok/s (decode and drafting seconds, prefill excluded, as ``bench``) of one cell over another, their
 geometric mean with a 95% bootstrap interval over items (``promptlookup.measure.bench``'s ``geomean`` and
 ``bootstrap_ci``). The share of tokens that came from grammar drafts is reported per cell, and
@@ -286,12 +287,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         backend = load_backend(model, n_ctx=args.ctx, threads=args.threads)
         name = backend.model_path.name
         names.append(f"{name}, {backend.n_threads} threads")
-        engines = {cell: Engine.from_backend(backend, speculate=args.speculate if cell != "off" else "off")
-                   for cell in CELLS}
+        # one set of engines per round: an engine drafts from its earlier answers, so a cell's second
+        # try of an item on the first try's engine would copy its own answer
+        rounds = [{cell: Engine.from_backend(backend, speculate=args.speculate if cell != "off" else "off")
+                   for cell in CELLS} for _ in range(args.repeats)]
         for n, item in enumerate(items):
             order = CELLS[n % 3 :] + CELLS[: n % 3]  # the cells' order rotates: drift is shared
             tries: dict[str, list[Run]] = {cell: [] for cell in CELLS}
-            for _ in range(args.repeats):  # the cells take turns, so a slow spell falls on all of them
+            for engines in rounds:  # the cells take turns, so a slow spell falls on all of them
                 for cell in order:
                     tries[cell].append(run_item(engines[cell], item, cell, args.max_tokens, sampling, name))
             got = {cell: median_run(tries[cell]) for cell in CELLS}
