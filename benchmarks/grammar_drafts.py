@@ -269,6 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     items = items_from(tasks, args.tool_items, args.schema_items, args.strict)
     from promptlookup.api import Engine, load_backend
+    from promptlookup.errors import RequestError
     from promptlookup.fileio import atomic_write_text
 
     models: list[str | None] = list(args.model)
@@ -294,9 +295,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         for n, item in enumerate(items):
             order = CELLS[n % 3 :] + CELLS[: n % 3]  # the cells' order rotates: drift is shared
             tries: dict[str, list[Run]] = {cell: [] for cell in CELLS}
-            for engines in rounds:  # the cells take turns, so a slow spell falls on all of them
-                for cell in order:
-                    tries[cell].append(run_item(engines[cell], item, cell, args.max_tokens, sampling, name))
+            try:
+                for engines in rounds:  # the cells take turns, so a slow spell falls on all of them
+                    for cell in order:
+                        tries[cell].append(run_item(engines[cell], item, cell, args.max_tokens, sampling,
+                                                    name))
+            except RequestError as exc:  # a model that cannot take the item (no tool template): say so
+                print(f"grammar_drafts: error: {name}: {item.kind} item {item.id}: {exc}", file=sys.stderr)
+                backend.close()
+                return 2
             got = {cell: median_run(tries[cell]) for cell in CELLS}
             for cell in CELLS:
                 r = got[cell]
