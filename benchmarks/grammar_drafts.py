@@ -192,8 +192,6 @@ def median_run(tries: Sequence[Run]) -> Run:
 def table(runs: list[Run]) -> str:
     """Per model and set (tool, schema): per-item paired ratios' geometric means with 95% bootstrap
     intervals, each cell's pooled rate and grammar share, and identical-to-plain counts."""
-    from promptlookup.measure.bench import bootstrap_ci, geomean
-
     head = ("| model | set | items | grammar vs nogrammar (95% CI) | grammar vs off (95% CI) | "
             "nogrammar vs off (95% CI) | pooled tok/s grammar / nogrammar / off | "
             "tokens from grammar drafts | identical to plain |")
@@ -202,11 +200,14 @@ def table(runs: list[Run]) -> str:
         for kind in ("tool", "schema"):
             mine = [r for r in runs if r.kind == kind and r.model == model]
             if mine:
-                out.append(f"| {model} | {kind} | " + _set_row(mine, bootstrap_ci, geomean))
+                out.append(f"| {model} | {kind} | " + _set_row(mine))
     return "\n".join(out)
 
 
-def _set_row(mine: list[Run], bootstrap_ci: Any, geomean: Any) -> str:
+def _set_row(mine: list[Run]) -> str:
+    """One model's one set, from its items' count to its identical-to-plain count."""
+    from promptlookup.measure.bench import bootstrap_ci, geomean
+
     by = {(r.item, r.cell): r for r in mine}
     items = list(dict.fromkeys(r.item for r in mine))
     cols = []
