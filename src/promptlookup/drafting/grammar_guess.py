@@ -41,8 +41,13 @@ class Follower(NamedTuple):
     seen: int
 
 
-def _ranked(weights: dict[int, float], seen: dict[int, int]) -> list[Follower]:
-    return sorted((Follower(t, w, seen[t]) for t, w in weights.items()), key=lambda f: (-f.weight, f.token))
+def _ranked(in_prompt: dict[int, int], in_output: dict[int, int]) -> list[Follower]:
+    """Followers from their sightings in the prompt and in the output, heaviest first, then lowest id:
+    the one place where a sighting's weight is decided."""
+    tokens = in_prompt.keys() | in_output.keys()
+    out = [Follower(t, float(in_prompt.get(t, 0) + OUTPUT_WEIGHT * in_output.get(t, 0)),
+                    in_prompt.get(t, 0) + in_output.get(t, 0)) for t in tokens]
+    return sorted(out, key=lambda f: (-f.weight, f.token))
 
 
 def followers_reference(stream: Sequence[int], n_prompt: int, context: Sequence[int]) -> list[Follower]:
@@ -51,14 +56,12 @@ def followers_reference(stream: Sequence[int], n_prompt: int, context: Sequence[
     inside the prompt and :data:`OUTPUT_WEIGHT` where that token is output; heaviest first, then
     lowest id."""
     n = len(context)
-    weights: dict[int, float] = {}
-    seen: dict[int, int] = {}
+    in_prompt: Counter[int] = Counter()
+    in_output: Counter[int] = Counter()
     for i in range(len(stream) - n):
         if list(stream[i : i + n]) == list(context):
-            nxt = int(stream[i + n])
-            weights[nxt] = weights.get(nxt, 0.0) + (1.0 if i + n < n_prompt else float(OUTPUT_WEIGHT))
-            seen[nxt] = seen.get(nxt, 0) + 1
-    return _ranked(weights, seen)
+            (in_prompt if i + n < n_prompt else in_output)[int(stream[i + n])] += 1
+    return _ranked(in_prompt, in_output)
 
 
 class FollowerCounts:
@@ -96,8 +99,7 @@ class FollowerCounts:
             raise ValueError(f"a context of {len(key)} tokens; followers are counted after {self.ORDERS}")
         p = self._prompt
         n = len(key)
-        weights: dict[int, float] = {}
-        seen: dict[int, int] = {}
+        in_prompt: dict[int, int] = {}
         if len(p) > n:
             hit = p[: len(p) - n] == key[0]
             for j in range(1, n):
@@ -105,12 +107,8 @@ class FollowerCounts:
             nxt = p[n:][hit]
             if len(nxt):
                 ids, counts = np.unique(nxt, return_counts=True)
-                seen = {int(i): int(c) for i, c in zip(ids, counts, strict=True)}
-                weights = {t: float(c) for t, c in seen.items()}
-        for t, c in self._out.get(key, {}).items():
-            weights[t] = weights.get(t, 0.0) + float(OUTPUT_WEIGHT * c)
-            seen[t] = seen.get(t, 0) + c
-        return _ranked(weights, seen)
+                in_prompt = {int(i): int(c) for i, c in zip(ids, counts, strict=True)}
+        return _ranked(in_prompt, self._out.get(key, {}))
 
 
 class GuessRecord:
