@@ -385,3 +385,43 @@ def test_a_source_that_never_wins_is_asked_only_now_and_then():
     # asked on each of the first IDLE_AFTER steps, then on every PROBE_EVERY-th (steps 24, 32, ... 80)
     assert (IDLE_AFTER, PROBE_EVERY) == (16, 8)
     assert auto.calibration.asked == 16 + 8
+
+
+def test_a_length_that_once_fell_short_is_not_priced_down_for_the_rest_of_a_copy():
+    # The text counts up; every proposal offers the next 8 tokens, but the one made after token 14 is
+    # wrong from its 6th token on (the copy broke there once). Its outcome teaches the acceptance
+    # model (positions 0-5 held, 6 failed) like any other proposal; it does not mark "8 tokens" as a
+    # length that disappoints: once the copy holds again, 8 go out on every step.
+    drafts = [tuple(range(i + 1, i + 9)) for i in range(200)]
+    drafts[14] = (*drafts[14][:5], -1, -1, -1)
+    # proposals are asked once per step, at the confirmed length; index them by the last token
+    class Copy(Scripted):
+        def __init__(self):
+            super().__init__([])
+            self.last = 0
+
+        def extend(self, tokens):
+            self.last = tokens[-1]
+
+        def propose(self, k):
+            return Draft(drafts[self.last], self.name, match_len=40)
+
+    # Qwen2.5-Coder-1.5B's load-time curve on a 2-core Xeon: 8 beat 5 by 8% when all hold
+    qwen = [1.0, 1.147, 1.319, 1.506, 1.701, 1.976, 2.262, 2.518, 2.694]
+    auto = AutoDrafter([Copy()], qwen, max_draft=8, model=AcceptanceModel(prior_mean=0.9))
+    auto.reset([0])
+    stream, sent = [0], []
+    while len(stream) < 120:
+        d = auto.propose(8)
+        held = 0
+        while held < len(d.tokens) and d.tokens[held] == stream[-1] + 1 + held:
+            held += 1
+        stream.extend(range(stream[-1] + 1, stream[-1] + held + 2))
+        auto.extend(stream[-(held + 1):])
+        sent.append((stream[-held - 2], len(d.tokens), held))
+    assert (14, 8, 5) in sent  # the broken proposal went out whole and held for 5
+    # the model's doubt about the 6th token sends 5 for three steps; then 8 again, to the end (with a
+    # realized/predicted ratio per length, 4 went out for eight steps, then 7 to the end)
+    assert [k for at, k, _ in sent if 14 < at < 38] == [5, 5, 5]
+    after = [k for at, k, _ in sent if at >= 38]
+    assert len(after) == 9 and set(after) == {8}

@@ -1,18 +1,21 @@
 """The ``auto`` controller: per step, which source to draft from and how many tokens to send.
 
 :class:`AutoDrafter` decides by the most confirmed tokens per second, from the acceptance model
-(:mod:`~promptlookup.drafting.auto.acceptance`), the measured step times
-(:mod:`~promptlookup.drafting.auto.timing`) and the **realized outcomes** of its own choices: per
-kind of choice (source, match bucket, length), the confirmed tokens and seconds of the steps where it
-was taken (:class:`_Ledger`). The prediction of a kind shrinks toward its realized rate as its steps
-accumulate, so a choice the acceptance model likes but that does not pay (against plain steps'
-measured rate) is dropped, and one that pays is kept.
+(:mod:`~promptlookup.drafting.auto.acceptance`) and the measured step times
+(:mod:`~promptlookup.drafting.auto.timing`).
 
 Honest selection. Taking the best of several noisy estimates overestimates the winner (the
-winner's curse): each source's predicted accepted tokens are scaled by its own realized/predicted
-ratio on the steps it won before sources are compared, and realized rates replace predicted ones
-where they exist. Plain steps are still taken now and then (:data:`PLAIN_EVERY`) so the plain
-baseline stays measured, and a source that has not won for a while is asked only every
+winner's curse). The acceptance model learns from every proposal, sent or not, so its estimates are
+not biased by what was chosen; the choice itself is judged on acceptances a little low
+(:data:`~promptlookup.drafting.auto.acceptance.CONSERVATIVE_Z`). Prices the acceptance model does not
+learn, the grammar's forced tokens priced as certain (:data:`PRICED_UNLEARNED`), are scaled by their
+realized/predicted ratio on the steps they were sent (:class:`_Ledger`). Until 2026-12-06 every kind
+of choice (source, match bucket, length) had such a ratio: learned from the few steps a length was
+sent, it locked a copy into the length that happened to go well first (one 7-token draft that held
+5 priced 7 at 0.84 for the rest of a 256-token copy, which then went out 5 at a time where 8 held);
+same-text replays over 36 answers of three models put every variant of it below none
+(``benchmarks/auto_replay.py``). Plain steps are still taken now and then (:data:`PLAIN_EVERY`) so
+the plain baseline stays measured, and a source that has not won for a while is asked only every
 :data:`PROBE_EVERY` steps, since asking costs time too.
 """
 
@@ -22,13 +25,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from promptlookup.drafting.auto.acceptance import AcceptanceModel, match_bucket
+from promptlookup.drafting.auto.acceptance import AcceptanceModel
 from promptlookup.drafting.auto.timing import StepTimes
 from promptlookup.drafting.base import Draft, DraftSource, StepFeedback
 from promptlookup.drafting.forced import FORCED, GRAMMAR, NOTHING, Continuation
 
-HALF_LIFE = 128.0  # steps after which a realized outcome weighs half: choices are re-judged as things drift
+HALF_LIFE = 128.0  # steps after which a realized outcome weighs half: prices are re-judged as things drift
 CALIBRATION_STRENGTH = 4.0  # predicted accepted tokens at the prior ratio in a realized/predicted ratio
+PRICED_UNLEARNED = frozenset({GRAMMAR})  # sources whose price the acceptance model does not learn
 PLAIN_EVERY = 64  # a plain step is due after this many steps without one (keeps the baseline measured)
 MIN_PLAIN = 2  # ... and while fewer than this many plain steps were measured in the run
 PROBE_GAIN = 1.5  # a due plain step is taken where the best draft promises less than this gain...
@@ -41,21 +45,18 @@ CARRY_TRIALS = 8.0  # what one request's acceptance record is worth in the next 
 
 @dataclass
 class _Ledger:
-    """Realized outcomes of one kind of choice, older steps weighing less (half-life HALF_LIFE)."""
+    """Realized against predicted accepted drafts of one source's sent drafts, older steps weighing
+    less (half-life HALF_LIFE)."""
 
     n: float = 0.0  # steps
     accepted: float = 0.0  # accepted drafts
     predicted: float = 0.0  # accepted drafts the acceptance model predicted
-    tokens: float = 0.0  # confirmed tokens of the steps whose time was measured (feedback)
-    seconds: float = 0.0  # their step seconds, drafting included
     at: int = 0  # the step the sums are decayed to
 
     def age(self, now: int) -> _Ledger:
         if now != self.at:
             f = _DECAY ** (now - self.at)
             self.n *= f
-            self.tokens *= f
-            self.seconds *= f
             self.accepted *= f
             self.predicted *= f
             self.at = now
@@ -73,11 +74,6 @@ class _Ledger:
             self.accepted *= f
             self.predicted = max_predicted
             self.n *= f
-
-    def timed(self, now: int, tokens: int, seconds: float) -> None:
-        self.age(now)
-        self.tokens += tokens
-        self.seconds += seconds
 
 
 @dataclass
@@ -108,7 +104,7 @@ class Calibration:
 class _Choice:
     """What :meth:`AutoDrafter.propose` decided, kept until the step's feedback arrives."""
 
-    key: tuple[str, int, int] | None  # (source, match bucket, length); None: a plain step
+    drafted: bool  # False: a plain step
 
 
 class AutoDrafter:
@@ -129,8 +125,7 @@ class AutoDrafter:
         self.model = model or AcceptanceModel()
         self.calibration = Calibration()
         self.times = StepTimes(self.rel_cost)
-        self._arms: dict[tuple[str, int, int], _Ledger] = {}
-        self._by_source: dict[str, _Ledger] = {}
+        self._by_source: dict[str, _Ledger] = {}  # of the sources in PRICED_UNLEARNED
         self._idle = [0] * len(self.sources)  # asked steps since each source last won
         self._since_plain = 0
         self._step = 0
@@ -138,16 +133,16 @@ class AutoDrafter:
         self._stream: list[int] = []
         self._told = [0] * len(self.sources)  # tokens of the stream each source has been told
         self._pending: list[_Pending] = []
-        # start of the step -> (kind of choice: source, bucket, tokens sent; predicted accepted tokens;
-        # the forced tokens sent after the source's draft)
-        self._chosen: dict[int, tuple[tuple[str, int, int], float, tuple[int, ...]]] = {}
+        # start of the step -> (source, tokens sent; predicted accepted tokens; the forced tokens sent
+        # after the source's draft)
+        self._chosen: dict[int, tuple[tuple[str, int], float, tuple[int, ...]]] = {}
 
     def reset(self, prompt: Sequence[int]) -> None:
         """A new request: the sources restart; what was learned about time stays, and what was
         learned about acceptance carries over as a prior worth :data:`CARRY_TRIALS` observations."""
         if self._stream:
             self.model.carry_over(CARRY_TRIALS)
-            for led in (*self._arms.values(), *self._by_source.values()):
+            for led in self._by_source.values():
                 led.carry_over(CARRY_TRIALS)
         for i, s in enumerate(self.sources):
             self._tell(i)  # a source that records a request when the next one starts sees all of it
@@ -181,7 +176,8 @@ class AutoDrafter:
     def _resolve(self) -> None:
         """Score every pending proposal against the confirmed tokens: the acceptance model learns
         each drafted token as soon as it is confirmed (:meth:`AcceptanceModel.observe_span`), and a
-        proposal leaves the pending list, booking its outcome to its kind of choice, once decided."""
+        proposal leaves the pending list once decided, booking the outcome of a sent draft to the
+        calibration (and, for a source in :data:`PRICED_UNLEARNED`, to its ratio)."""
         n = len(self._stream)
         still: list[_Pending] = []
         for pend in self._pending:
@@ -201,25 +197,25 @@ class AutoDrafter:
             if chosen is not None and chosen[0][0] == pend.draft.source:
                 del self._chosen[pend.start]
                 key, predicted, ext = chosen
-                accepted = min(m, key[2] - len(ext))
+                accepted = min(m, key[1] - len(ext))
                 if ext and accepted == len(toks):  # the source's draft held: then the forced tokens
                     at = pend.start + accepted
-                    while accepted < key[2] and at < n and ext[accepted - len(toks)] == self._stream[at]:
+                    while accepted < key[1] and at < n and ext[accepted - len(toks)] == self._stream[at]:
                         accepted += 1
                         at += 1
                 self.calibration.predicted += predicted
                 self.calibration.realized += accepted
-                # the realized/predicted ratios that correct the winner's curse (known from the
-                # tokens alone, so they work without the loop's feedback too)
-                for led in (self._arms.setdefault(key, _Ledger(at=self._step)),
-                            self._by_source.setdefault(key[0], _Ledger(at=self._step))):
-                    led.add(self._step, accepted, predicted)
+                if key[0] in PRICED_UNLEARNED:  # its realized/predicted ratio (known from the
+                    # tokens alone, so it works without the loop's feedback too)
+                    self._by_source.setdefault(key[0], _Ledger(at=self._step)).add(
+                        self._step, accepted, predicted)
         self._pending = still
 
     # -- what a choice is worth -----------------------------------------------------------------
     def source_ratio(self, source: str) -> float:
-        """Realized over predicted accepted drafts on the steps ``source`` won (1 before any),
-        shrunk toward 1 by :data:`CALIBRATION_STRENGTH` tokens: the winner's-curse correction."""
+        """Realized over predicted accepted drafts on the steps ``source`` was sent, shrunk toward 1
+        by :data:`CALIBRATION_STRENGTH` tokens, for a source in :data:`PRICED_UNLEARNED` (1 for
+        the others, whose acceptance model learns from every proposal)."""
         led = self._by_source.get(source)
         if led is None:
             return 1.0
@@ -230,40 +226,16 @@ class AutoDrafter:
         """Tokens per second of a plain step (in plain-decode units before any feedback)."""
         return 1.0 / self.times.step(1)
 
-    def choice_ratio(self, source: str, match_len: int, k: int, ratio: float | None = None,
-                     bucket: int | None = None) -> float:
-        """Realized over predicted accepted drafts on the steps where this kind of choice (source,
-        match bucket, length) was taken, shrunk toward its source's ratio: a kind the acceptance
-        model overrates is scaled down by its own record, older steps weighing less."""
-        if ratio is None:
-            ratio = self.source_ratio(source)
-        led = self._arms.get((source, match_bucket(match_len) if bucket is None else bucket, k))
-        if led is None:
-            return ratio
-        led.age(self._step)
-        return (led.accepted + CALIBRATION_STRENGTH * ratio) / (led.predicted + CALIBRATION_STRENGTH)
-
     def rate(self, source: str, match_len: int, k: int, expected: float | None = None,
-             ratio: float | None = None, bucket: int | None = None) -> float:
+             ratio: float | None = None) -> float:
         """Expected confirmed tokens per second of sending ``k`` drafts of this source and match
-        length: the accepted drafts the acceptance model predicts, scaled by what this kind of
-        choice realized (:meth:`choice_ratio`), plus the model's own token, over the measured
-        seconds of a step of that width (drafting included). Tokens are judged per kind of choice
-        and seconds per width, so a change of cost (drift) shows in every choice at once."""
+        length: the accepted drafts the acceptance model predicts (scaled by :meth:`source_ratio`),
+        plus the model's own token, over the measured seconds of a step of that width (drafting
+        included), so a change of cost (drift) shows in every choice at once."""
         if expected is None:
             expected = self.model.expected(source, match_len, k)[k]
-        rho = self.choice_ratio(source, match_len, k, ratio, bucket)
+        rho = self.source_ratio(source) if ratio is None else ratio
         return (1.0 + rho * (expected - 1.0)) / self.times.step(k + 1)
-
-    def realized(self) -> dict[tuple[str, int, int], tuple[float, float]]:
-        """Per kind of choice taken: (steps, measured seconds per confirmed token), decayed like
-        the ratios; plain steps' seconds per token is ``times.step(1)``."""
-        out = {}
-        for key, led in self._arms.items():
-            led.age(self._step)
-            if led.tokens > 0:
-                out[key] = (led.n, led.seconds / led.tokens)
-        return out
 
     def _plain_due(self, gain: float) -> bool:
         """Whether to decode plainly although a draft looks better: the plain baseline is what
@@ -318,12 +290,11 @@ class AutoDrafter:
                       {FORCED: float(cont.forced << f)} if cont.forced else {})
             self._pending.append(_Pending(start, g))
             ratio = self.source_ratio(GRAMMAR)
-            bucket = match_bucket(f)
             pred, chance = 0.0, 1.0
             for kk in range(1, len(g.tokens) + 1):
                 chance *= 1.0 if kk <= f else cont.p[kk - f - 1]
                 pred += chance
-                r = self.rate(GRAMMAR, f, kk, 1.0 + pred, ratio, bucket)
+                r = self.rate(GRAMMAR, f, kk, 1.0 + pred, ratio)
                 if r > best_rate + 1e-12:
                     best, best_i, best_k, best_rate, best_pred = g, -1, kk, r, pred
         for i, source in enumerate(self.sources):
@@ -342,13 +313,12 @@ class AutoDrafter:
             self._pending.append(_Pending(start, d))
             top = min(len(d.tokens), depth)
             ratio = self.source_ratio(d.source)
-            bucket = match_bucket(d.match_len)
             # certain up to ``lead`` (the forced tokens it begins with), modelled after
             lead = f if f and top > f and d.tokens[:f] == forced[:f] else 0
             e = self.model.expected(d.source, d.match_len, top - lead)
             for kk in range(lead + 1, top + 1):
                 pred = lead + e[kk - lead] - 1.0
-                r = self.rate(d.source, d.match_len, kk, 1.0 + pred, ratio, bucket)
+                r = self.rate(d.source, d.match_len, kk, 1.0 + pred, ratio)
                 if r > best_rate + 1e-12:
                     best, best_i, best_k, best_rate, best_pred, best_ext, best_ext_forced = (
                         d, i, kk, r, pred, (), 0)
@@ -360,7 +330,7 @@ class AutoDrafter:
             for j in range(1, len(ext.tokens) + 1):
                 chance *= ext.p[j - 1]
                 pred += chance
-                r = self.rate(d.source, d.match_len, top + j, 1.0 + pred, ratio, bucket)
+                r = self.rate(d.source, d.match_len, top + j, 1.0 + pred, ratio)
                 if r > best_rate + 1e-12:
                     best, best_i, best_k, best_rate, best_pred = d, i, top + j, r, pred
                     best_ext, best_ext_forced = ext.tokens[:j], ext.forced & ((1 << j) - 1)
@@ -370,13 +340,12 @@ class AutoDrafter:
             best = None  # a plain step now and then keeps the baseline measured as the curve drifts
             cal.plain_probes += 1
         if best is None:
-            self._last = _Choice(None)
+            self._last = _Choice(False)
             self._since_plain = 0
             return Draft(source=self.name)
         # One chosen draft per step; the pending entry of that source carries the outcome.
-        key = (best.source, match_bucket(best.match_len), best_k)
-        self._chosen[start] = (key, best_pred, best_ext)
-        self._last = _Choice(key)
+        self._chosen[start] = ((best.source, best_k), best_pred, best_ext)
+        self._last = _Choice(True)
         cal.chosen_steps += 1
         cal.per_source[best.source] = cal.per_source.get(best.source, 0) + 1
         features = {**best.features, "expected_tokens": best_pred + 1.0, "rate": best_rate}
@@ -388,17 +357,13 @@ class AutoDrafter:
 
     def feedback(self, step: StepFeedback) -> None:
         """The step after :meth:`propose` took ``step.verify_s + step.draft_s`` seconds and confirmed
-        ``step.confirmed`` tokens: the time model learns what that width costs now, and a drafted
-        step's seconds per token are booked to its kind of choice (:meth:`realized`)."""
+        ``step.confirmed`` tokens: the time model learns what that width costs now."""
         choice, self._last = self._last, None
         if choice is None:
             return
         self.times.observe(step.fed, step.verify_s, step.draft_s)
-        if choice.key is None:
+        if not choice.drafted:
             self._since_plain = 0
-            return
-        led = self._arms.setdefault(choice.key, _Ledger(at=self._step))
-        led.timed(self._step, step.confirmed, step.verify_s + step.draft_s)
 
     def report(self) -> dict[str, Any]:
         """What this drafter chose so far (see :func:`promptlookup.drafting.base.report_of`): steps,
