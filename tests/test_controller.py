@@ -327,6 +327,24 @@ def test_step_times_charge_the_slow_plain_steps_after_drafting_to_the_draft():
     assert t.step(1) == pytest.approx(t.verify(1))  # plain steps are never charged
 
 
+def test_an_early_plain_probe_waits_until_it_would_measure_the_plain_decode():
+    # The first plain steps are probes of the baseline; a plain step right after a draft that
+    # followed a plain one is booked as that draft's aftermath, so a probe there measures nothing
+    # (the 1.5B's 66-token quote took two such probes in its first three steps)
+    auto = AutoDrafter([Scripted([])], [1.0, 1.1, 1.2], max_draft=2)
+    auto.reset([0])
+    auto._step = 3
+    t = auto.times
+    t.observe(1, 0.010, 0.0)  # one plain step measured: one more probe is due
+    assert t.count[0] == 1 and not t.plain_is_aftermath and auto._plain_due(1.0)
+    t.observe(2, 0.011, 0.0)  # a draft after it: the next plain steps would be its aftermath
+    assert t.plain_is_aftermath and not auto._plain_due(1.0)
+    t.observe(2, 0.011, 0.0)  # drafting again closes the window: the probe is due again
+    assert not t.plain_is_aftermath and auto._plain_due(1.0)
+    t.observe(1, 0.010, 0.0)
+    assert t.count[0] == 2 and not auto._plain_due(1.0)  # the baseline is measured
+
+
 class Recording(Scripted):
     """A source that proposes nothing and records every extend call and what it had seen when asked."""
 

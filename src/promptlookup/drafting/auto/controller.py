@@ -243,7 +243,12 @@ class AutoDrafter:
         again every :data:`PLAIN_EVERY` steps, at a step where the draft promises little."""
         if not self.times.measured:  # no feedback (yet): nothing to measure the baseline for
             return False
-        due = self._since_plain - PLAIN_EVERY if self.times.count[0] >= MIN_PLAIN else self._step - 1
+        if self.times.count[0] >= MIN_PLAIN:
+            due = self._since_plain - PLAIN_EVERY
+        elif self.times.plain_is_aftermath:  # it would measure drafting's aftermath, not plain: later
+            return False
+        else:
+            due = self._step - 1
         return due >= 0 and (gain < PROBE_GAIN or due >= PROBE_WAIT)
 
     def _ask(self, i: int) -> bool:

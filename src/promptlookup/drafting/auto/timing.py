@@ -63,6 +63,13 @@ class StepTimes:
     def measured(self) -> bool:
         return self.steps > 0
 
+    @property
+    def plain_is_aftermath(self) -> bool:
+        """Whether a plain step now would be booked as drafting's aftermath (:attr:`after`), not as
+        a sample of the plain decode: one of the first :data:`AFTERMATH_STEPS` plain steps after a
+        drafted one, once a steady plain step was measured."""
+        return self._after_acc is not None and self.count[0] > 0
+
     def verify(self, width: int) -> float:
         """Expected seconds of a verify feeding ``width`` tokens (curve units before any step)."""
         if self._dirty:
