@@ -438,8 +438,8 @@ def test_a_length_that_once_fell_short_is_not_priced_down_for_the_rest_of_a_copy
         auto.extend(stream[-(held + 1):])
         sent.append((stream[-held - 2], len(d.tokens), held))
     assert (14, 8, 5) in sent  # the broken proposal went out whole and held for 5
-    # the model's doubt about the 6th token sends 5 for three steps; then 8 again, to the end (with a
+    # the model's doubt about the 6th token sends 5 for two steps; then 8 again, to the end (with a
     # realized/predicted ratio per length, 4 went out for eight steps, then 7 to the end)
-    assert [k for at, k, _ in sent if 14 < at < 38] == [5, 5, 5]
-    after = [k for at, k, _ in sent if at >= 38]
-    assert len(after) == 9 and set(after) == {8}
+    assert [k for at, k, _ in sent if 14 < at < 32] == [5, 5]
+    after = [k for at, k, _ in sent if at >= 32]
+    assert len(after) == 10 and set(after) == {8}

@@ -180,7 +180,7 @@ def test_auto_sends_what_the_grammar_forces_after_a_sources_whole_draft_and_book
     d = g.propose(8)
     assert d.tokens == (4, 5, 9, 9) and d.source == "fixed"
     assert d.features[FORCED] == 0b1100  # the appended positions only
-    assert auto._chosen[0][0] == ("fixed", 4)  # the source and the tokens sent
+    assert auto._chosen[0][0] == ("fixed", 2, 4)  # source, match bucket (match 3: bucket 2), tokens sent
     g.extend([4, 5, 9, 9, 0])  # all four held (then the model's own token)
     assert auto.calibration.realized == 4 and auto.calibration.chosen_steps == 1
     # where the source's draft fails, nothing after it counts

@@ -5,18 +5,18 @@
 (:mod:`~promptlookup.drafting.auto.timing`).
 
 Honest selection. Taking the best of several noisy estimates overestimates the winner (the
-winner's curse). The acceptance model learns from every proposal, sent or not, so its estimates are
-not biased by what was chosen; the choice itself is judged on acceptances a little low
-(:data:`~promptlookup.drafting.auto.acceptance.CONSERVATIVE_Z`). Prices the acceptance model does not
-learn, the grammar's forced tokens priced as certain (:data:`PRICED_UNLEARNED`), are scaled by their
-realized/predicted ratio on the steps they were sent (:class:`_Ledger`). Until 2026-12-06 every kind
-of choice (source, match bucket, length) had such a ratio: learned from the few steps a length was
-sent, it locked a copy into the length that happened to go well first (one 7-token draft that held
-5 priced 7 at 0.84 for the rest of a 256-token copy, which then went out 5 at a time where 8 held);
-same-text replays over 36 answers of three models put every variant of it below none
-(``benchmarks/auto_replay.py``). Plain steps are still taken now and then (:data:`PLAIN_EVERY`) so
-the plain baseline stays measured, and a source that has not won for a while is asked only every
-:data:`PROBE_EVERY` steps, since asking costs time too.
+winner's curse), most where acceptance is low and four sources compete for every step: choices are
+judged on acceptances a little low (:data:`~promptlookup.drafting.auto.acceptance.CONSERVATIVE_Z`),
+and each kind of choice, a source's drafts after a match of one length bucket, has its predicted
+accepted drafts scaled by its realized/predicted ratio on the steps it was sent (:class:`_Ledger`),
+shrunk toward its source's. Without such a ratio, in a same-text replay of the 1.5B's prose answer,
+`auto` drafted on 117 of 222 steps at 21% acceptance (50 of 230 with it), and live it ran level with
+plain decoding (1.007x over 6 rounds). Until 2026-12-06 the kind included the draft's length as
+well: learned from the few steps a length was sent, that ratio locked a copy into the length that
+happened to go well first (one 7-token draft that held 5 priced 7 at 0.84 for the rest of a
+256-token copy, which then went out 5 at a time where 8 held). Plain steps are still taken now and
+then (:data:`PLAIN_EVERY`) so the plain baseline stays measured, and a source that has not won for a
+while is asked only every :data:`PROBE_EVERY` steps, since asking costs time too.
 """
 
 from __future__ import annotations
@@ -25,14 +25,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from promptlookup.drafting.auto.acceptance import AcceptanceModel
+from promptlookup.drafting.auto.acceptance import AcceptanceModel, match_bucket
 from promptlookup.drafting.auto.timing import StepTimes
 from promptlookup.drafting.base import Draft, DraftSource, StepFeedback
 from promptlookup.drafting.forced import FORCED, GRAMMAR, NOTHING, Continuation
 
 HALF_LIFE = 128.0  # steps after which a realized outcome weighs half: prices are re-judged as things drift
 CALIBRATION_STRENGTH = 4.0  # predicted accepted tokens at the prior ratio in a realized/predicted ratio
-PRICED_UNLEARNED = frozenset({GRAMMAR})  # sources whose price the acceptance model does not learn
 PLAIN_EVERY = 64  # a plain step is due after this many steps without one (keeps the baseline measured)
 MIN_PLAIN = 2  # ... and while fewer than this many plain steps were measured in the run
 PROBE_GAIN = 1.5  # a due plain step is taken where the best draft promises less than this gain...
@@ -45,7 +44,7 @@ CARRY_TRIALS = 8.0  # what one request's acceptance record is worth in the next 
 
 @dataclass
 class _Ledger:
-    """Realized against predicted accepted drafts of one source's sent drafts, older steps weighing
+    """Realized against predicted accepted drafts of one kind of sent drafts, older steps weighing
     less (half-life HALF_LIFE)."""
 
     n: float = 0.0  # steps
@@ -125,7 +124,8 @@ class AutoDrafter:
         self.model = model or AcceptanceModel()
         self.calibration = Calibration()
         self.times = StepTimes(self.rel_cost)
-        self._by_source: dict[str, _Ledger] = {}  # of the sources in PRICED_UNLEARNED
+        self._by_source: dict[str, _Ledger] = {}
+        self._by_kind: dict[tuple[str, int], _Ledger] = {}  # (source, match bucket)
         self._idle = [0] * len(self.sources)  # asked steps since each source last won
         self._since_plain = 0
         self._step = 0
@@ -133,16 +133,16 @@ class AutoDrafter:
         self._stream: list[int] = []
         self._told = [0] * len(self.sources)  # tokens of the stream each source has been told
         self._pending: list[_Pending] = []
-        # start of the step -> (source, tokens sent; predicted accepted tokens; the forced tokens sent
-        # after the source's draft)
-        self._chosen: dict[int, tuple[tuple[str, int], float, tuple[int, ...]]] = {}
+        # start of the step -> (source, match bucket, tokens sent; predicted accepted tokens; the forced
+        # tokens sent after the source's draft)
+        self._chosen: dict[int, tuple[tuple[str, int, int], float, tuple[int, ...]]] = {}
 
     def reset(self, prompt: Sequence[int]) -> None:
         """A new request: the sources restart; what was learned about time stays, and what was
         learned about acceptance carries over as a prior worth :data:`CARRY_TRIALS` observations."""
         if self._stream:
             self.model.carry_over(CARRY_TRIALS)
-            for led in self._by_source.values():
+            for led in (*self._by_kind.values(), *self._by_source.values()):
                 led.carry_over(CARRY_TRIALS)
         for i, s in enumerate(self.sources):
             self._tell(i)  # a source that records a request when the next one starts sees all of it
@@ -177,7 +177,7 @@ class AutoDrafter:
         """Score every pending proposal against the confirmed tokens: the acceptance model learns
         each drafted token as soon as it is confirmed (:meth:`AcceptanceModel.observe_span`), and a
         proposal leaves the pending list once decided, booking the outcome of a sent draft to the
-        calibration (and, for a source in :data:`PRICED_UNLEARNED`, to its ratio)."""
+        calibration and to its kind's and source's ratios."""
         n = len(self._stream)
         still: list[_Pending] = []
         for pend in self._pending:
@@ -197,25 +197,25 @@ class AutoDrafter:
             if chosen is not None and chosen[0][0] == pend.draft.source:
                 del self._chosen[pend.start]
                 key, predicted, ext = chosen
-                accepted = min(m, key[1] - len(ext))
+                accepted = min(m, key[2] - len(ext))
                 if ext and accepted == len(toks):  # the source's draft held: then the forced tokens
                     at = pend.start + accepted
-                    while accepted < key[1] and at < n and ext[accepted - len(toks)] == self._stream[at]:
+                    while accepted < key[2] and at < n and ext[accepted - len(toks)] == self._stream[at]:
                         accepted += 1
                         at += 1
                 self.calibration.predicted += predicted
                 self.calibration.realized += accepted
-                if key[0] in PRICED_UNLEARNED:  # its realized/predicted ratio (known from the
-                    # tokens alone, so it works without the loop's feedback too)
-                    self._by_source.setdefault(key[0], _Ledger(at=self._step)).add(
-                        self._step, accepted, predicted)
+                # the realized/predicted ratios that correct the winner's curse (known from the
+                # tokens alone, so they work without the loop's feedback too)
+                for led in (self._by_kind.setdefault(key[:2], _Ledger(at=self._step)),
+                            self._by_source.setdefault(key[0], _Ledger(at=self._step))):
+                    led.add(self._step, accepted, predicted)
         self._pending = still
 
     # -- what a choice is worth -----------------------------------------------------------------
     def source_ratio(self, source: str) -> float:
-        """Realized over predicted accepted drafts on the steps ``source`` was sent, shrunk toward 1
-        by :data:`CALIBRATION_STRENGTH` tokens, for a source in :data:`PRICED_UNLEARNED` (1 for
-        the others, whose acceptance model learns from every proposal)."""
+        """Realized over predicted accepted drafts on the steps ``source`` was sent (1 before any),
+        shrunk toward 1 by :data:`CALIBRATION_STRENGTH` tokens."""
         led = self._by_source.get(source)
         if led is None:
             return 1.0
@@ -226,15 +226,30 @@ class AutoDrafter:
         """Tokens per second of a plain step (in plain-decode units before any feedback)."""
         return 1.0 / self.times.step(1)
 
+    def choice_ratio(self, source: str, match_len: int, ratio: float | None = None) -> float:
+        """Realized over predicted accepted drafts on the steps where this kind of choice (source,
+        match bucket) was sent, shrunk toward its source's ratio: a kind the acceptance model
+        overrates is scaled down by its own record, older steps weighing less. The same for every
+        length, so the acceptance model alone decides how many tokens to send."""
+        if ratio is None:
+            ratio = self.source_ratio(source)
+        led = self._by_kind.get((source, match_bucket(match_len)))
+        if led is None:
+            return ratio
+        led.age(self._step)
+        return (led.accepted + CALIBRATION_STRENGTH * ratio) / (led.predicted + CALIBRATION_STRENGTH)
+
     def rate(self, source: str, match_len: int, k: int, expected: float | None = None,
-             ratio: float | None = None) -> float:
+             rho: float | None = None) -> float:
         """Expected confirmed tokens per second of sending ``k`` drafts of this source and match
-        length: the accepted drafts the acceptance model predicts (scaled by :meth:`source_ratio`),
-        plus the model's own token, over the measured seconds of a step of that width (drafting
-        included), so a change of cost (drift) shows in every choice at once."""
+        length: the accepted drafts the acceptance model predicts, scaled by what this kind of
+        choice realized (``rho``, :meth:`choice_ratio`), plus the model's own token, over the
+        measured seconds of a step of that width (drafting included). Tokens are judged per kind of
+        choice and seconds per width, so a change of cost (drift) shows in every choice at once."""
         if expected is None:
             expected = self.model.expected(source, match_len, k)[k]
-        rho = self.source_ratio(source) if ratio is None else ratio
+        if rho is None:
+            rho = self.choice_ratio(source, match_len)
         return (1.0 + rho * (expected - 1.0)) / self.times.step(k + 1)
 
     def _plain_due(self, gain: float) -> bool:
@@ -294,12 +309,12 @@ class AutoDrafter:
             g = Draft((*forced[:f], *cont.tokens), GRAMMAR, f,
                       {FORCED: float(cont.forced << f)} if cont.forced else {})
             self._pending.append(_Pending(start, g))
-            ratio = self.source_ratio(GRAMMAR)
+            rho = self.choice_ratio(GRAMMAR, f)
             pred, chance = 0.0, 1.0
             for kk in range(1, len(g.tokens) + 1):
                 chance *= 1.0 if kk <= f else cont.p[kk - f - 1]
                 pred += chance
-                r = self.rate(GRAMMAR, f, kk, 1.0 + pred, ratio)
+                r = self.rate(GRAMMAR, f, kk, 1.0 + pred, rho)
                 if r > best_rate + 1e-12:
                     best, best_i, best_k, best_rate, best_pred = g, -1, kk, r, pred
         for i, source in enumerate(self.sources):
@@ -317,13 +332,13 @@ class AutoDrafter:
                 continue
             self._pending.append(_Pending(start, d))
             top = min(len(d.tokens), depth)
-            ratio = self.source_ratio(d.source)
+            rho = self.choice_ratio(d.source, d.match_len)
             # certain up to ``lead`` (the forced tokens it begins with), modelled after
             lead = f if f and top > f and d.tokens[:f] == forced[:f] else 0
             e = self.model.expected(d.source, d.match_len, top - lead)
             for kk in range(lead + 1, top + 1):
                 pred = lead + e[kk - lead] - 1.0
-                r = self.rate(d.source, d.match_len, kk, 1.0 + pred, ratio)
+                r = self.rate(d.source, d.match_len, kk, 1.0 + pred, rho)
                 if r > best_rate + 1e-12:
                     best, best_i, best_k, best_rate, best_pred, best_ext, best_ext_forced = (
                         d, i, kk, r, pred, (), 0)
@@ -335,7 +350,7 @@ class AutoDrafter:
             for j in range(1, len(ext.tokens) + 1):
                 chance *= ext.p[j - 1]
                 pred += chance
-                r = self.rate(d.source, d.match_len, top + j, 1.0 + pred, ratio)
+                r = self.rate(d.source, d.match_len, top + j, 1.0 + pred, rho)
                 if r > best_rate + 1e-12:
                     best, best_i, best_k, best_rate, best_pred = d, i, top + j, r, pred
                     best_ext, best_ext_forced = ext.tokens[:j], ext.forced & ((1 << j) - 1)
@@ -349,7 +364,7 @@ class AutoDrafter:
             self._since_plain = 0
             return Draft(source=self.name)
         # One chosen draft per step; the pending entry of that source carries the outcome.
-        self._chosen[start] = ((best.source, best_k), best_pred, best_ext)
+        self._chosen[start] = ((best.source, match_bucket(best.match_len), best_k), best_pred, best_ext)
         self._last = _Choice(True)
         cal.chosen_steps += 1
         cal.per_source[best.source] = cal.per_source.get(best.source, 0) + 1
