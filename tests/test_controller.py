@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from promptlookup.drafting.auto.acceptance import AcceptanceModel, best_length, expected_tokens, match_bucket
-from promptlookup.drafting.auto.controller import AutoDrafter
+from promptlookup.drafting.auto.controller import CALIBRATION_STRENGTH, AutoDrafter
 from promptlookup.drafting.base import Draft
 from promptlookup.drafting.ngram.source import NgramSource
 from promptlookup.speculate import generate
@@ -443,3 +443,28 @@ def test_a_length_that_once_fell_short_is_not_priced_down_for_the_rest_of_a_copy
     assert [k for at, k, _ in sent if 14 < at < 32] == [5, 5]
     after = [k for at, k, _ in sent if at >= 32]
     assert len(after) == 10 and set(after) == {8}
+
+
+def test_the_realized_ratio_is_kept_per_source_and_match_bucket_and_scales_every_length_alike():
+    # A source whose drafts after a 1-token match the prior overrates: its first draft is sent and
+    # fails. That kind (source, bucket of match 1) is priced down by its record; the source's other
+    # buckets by the source's own ratio, shrunk less; every length of a kind by the same factor, so the
+    # acceptance model alone decides the length.
+    auto = AutoDrafter([Scripted([(7, 7)])], [1.0, 1.05, 1.1], max_draft=2,
+                       model=AcceptanceModel(prior_mean=0.9))
+    auto.reset([0])
+    d = auto.propose(2)
+    assert d.tokens and d.match_len == 5  # Scripted's match: bucket 3 (4-5)
+    auto.extend([1])  # the draft's first token fails
+    predicted = auto.calibration.predicted
+    assert predicted > 0 and auto.calibration.realized == 0
+    source = (0 + CALIBRATION_STRENGTH) / (predicted + CALIBRATION_STRENGTH)
+    assert auto.source_ratio("scripted") == pytest.approx(source)
+    kind = (0 + CALIBRATION_STRENGTH * source) / (predicted + CALIBRATION_STRENGTH)
+    assert auto.choice_ratio("scripted", 5) == pytest.approx(kind)
+    assert auto.choice_ratio("scripted", 4) == pytest.approx(kind)  # same bucket (4-5)
+    assert auto.choice_ratio("scripted", 40) == pytest.approx(source)  # another bucket: the source's
+    assert auto.choice_ratio("other", 5) == 1.0
+    e = auto.model.expected("scripted", 5, 2)
+    for k in (1, 2):
+        assert auto.rate("scripted", 5, k) == pytest.approx((1 + kind * (e[k] - 1)) / auto.times.step(k + 1))
