@@ -47,7 +47,6 @@ class _Ledger:
     """Realized against predicted accepted drafts of one kind of sent drafts, older steps weighing
     less (half-life HALF_LIFE)."""
 
-    n: float = 0.0  # steps
     accepted: float = 0.0  # accepted drafts
     predicted: float = 0.0  # accepted drafts the acceptance model predicted
     at: int = 0  # the step the sums are decayed to
@@ -55,7 +54,6 @@ class _Ledger:
     def age(self, now: int) -> _Ledger:
         if now != self.at:
             f = _DECAY ** (now - self.at)
-            self.n *= f
             self.accepted *= f
             self.predicted *= f
             self.at = now
@@ -63,7 +61,6 @@ class _Ledger:
 
     def add(self, now: int, accepted: int, predicted: float) -> None:
         self.age(now)
-        self.n += 1
         self.accepted += accepted
         self.predicted += predicted
 
@@ -72,7 +69,6 @@ class _Ledger:
             f = max_predicted / self.predicted
             self.accepted *= f
             self.predicted = max_predicted
-            self.n *= f
 
 
 @dataclass
@@ -99,13 +95,6 @@ class Calibration:
         return self.realized / self.predicted if self.predicted > 0 else 0.0
 
 
-@dataclass
-class _Choice:
-    """What :meth:`AutoDrafter.propose` decided, kept until the step's feedback arrives."""
-
-    drafted: bool  # False: a plain step
-
-
 class AutoDrafter:
     """``--speculate auto``: pick the source and draft length per step by measured tokens per second."""
 
@@ -129,7 +118,7 @@ class AutoDrafter:
         self._idle = [0] * len(self.sources)  # asked steps since each source last won
         self._since_plain = 0
         self._step = 0
-        self._last: _Choice | None = None
+        self._last: bool | None = None  # whether the step awaiting feedback drafted
         self._stream: list[int] = []
         self._told = [0] * len(self.sources)  # tokens of the stream each source has been told
         self._pending: list[_Pending] = []
@@ -226,13 +215,12 @@ class AutoDrafter:
         """Tokens per second of a plain step (in plain-decode units before any feedback)."""
         return 1.0 / self.times.step(1)
 
-    def choice_ratio(self, source: str, match_len: int, ratio: float | None = None) -> float:
+    def choice_ratio(self, source: str, match_len: int) -> float:
         """Realized over predicted accepted drafts on the steps where this kind of choice (source,
         match bucket) was sent, shrunk toward its source's ratio: a kind the acceptance model
         overrates is scaled down by its own record, older steps weighing less. The same for every
         length, so the acceptance model alone decides how many tokens to send."""
-        if ratio is None:
-            ratio = self.source_ratio(source)
+        ratio = self.source_ratio(source)
         led = self._by_kind.get((source, match_bucket(match_len)))
         if led is None:
             return ratio
@@ -360,12 +348,12 @@ class AutoDrafter:
             best = None  # a plain step now and then keeps the baseline measured as the curve drifts
             cal.plain_probes += 1
         if best is None:
-            self._last = _Choice(False)
+            self._last = False
             self._since_plain = 0
             return Draft(source=self.name)
         # One chosen draft per step; the pending entry of that source carries the outcome.
         self._chosen[start] = ((best.source, match_bucket(best.match_len), best_k), best_pred, best_ext)
-        self._last = _Choice(True)
+        self._last = True
         cal.chosen_steps += 1
         cal.per_source[best.source] = cal.per_source.get(best.source, 0) + 1
         features = {**best.features, "expected_tokens": best_pred + 1.0, "rate": best_rate}
@@ -378,11 +366,11 @@ class AutoDrafter:
     def feedback(self, step: StepFeedback) -> None:
         """The step after :meth:`propose` took ``step.verify_s + step.draft_s`` seconds and confirmed
         ``step.confirmed`` tokens: the time model learns what that width costs now."""
-        choice, self._last = self._last, None
-        if choice is None:
+        drafted, self._last = self._last, None
+        if drafted is None:
             return
         self.times.observe(step.fed, step.verify_s, step.draft_s)
-        if not choice.drafted:
+        if not drafted:
             self._since_plain = 0
 
     def report(self) -> dict[str, Any]:
