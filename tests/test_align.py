@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from promptlookup.backends.text import TextBackend
-from promptlookup.drafting.align.source import MAX_ASTRAY, AlignSource
+from promptlookup.drafting.align.source import MAX_ASTRAY, YOUNG, AlignSource
 from promptlookup.drafting.auto.controller import AutoDrafter
 from promptlookup.drafting.ngram.source import NgramSource
 from promptlookup.drafting.spec import Run, SourceSpec, build_source
@@ -47,6 +47,37 @@ def test_three_tokens_of_the_prompt_start_an_alignment_and_a_copy_is_followed():
 def test_the_most_recent_occurrence_starts_the_alignment():
     s = _fed([1, 2, 3, 10, 1, 2, 3, 20], [1, 2, 3])
     assert s.propose(1).tokens == (20,)
+
+
+def test_a_token_that_continues_nothing_moves_the_alignment_where_the_last_tokens_occur():
+    # A quote asked for by a question that gives its first words: the question's copy of them is
+    # the most recent, and the answer parts from it where the document's copy goes on
+    doc = [1, 2, 3, 4, 5, 6, 7, 8]
+    question = [30, 1, 2, 3, 31, 32]
+    s = _fed(doc + question, [1, 2, 3])
+    assert s.alignment == len(doc) + 4 and s.propose(2).tokens == (31, 32)  # the question's
+    s.extend([4])  # as the document goes on: "2 3 4" occurs there
+    assert s.alignment == 4
+    d = s.propose(3)
+    assert d.tokens == (5, 6, 7) and d.match_len == 3
+    # negative control: a token whose last three occur nowhere earlier keeps the alignment, in hope
+    s = _fed(doc + question, [1, 2, 3])
+    s.extend([40])
+    assert s.alignment == len(doc) + 5 and s.propose(2).tokens == ()  # astray, not moved
+
+
+
+def test_an_alignment_followed_long_stays_where_a_token_it_cannot_place_occurs_elsewhere():
+    # followed YOUNG tokens and more, an odd token is more likely the writer's edit than a move
+    copied = list(range(10, 10 + YOUNG + 2))
+    elsewhere = [copied[-2], copied[-1], 99, 7]
+    s = _fed(elsewhere + [5] + copied + [6, 8], copied)
+    at = s.alignment
+    assert s.propose(1).tokens == (6,) and s.propose(1).match_len >= YOUNG
+    s.extend([99])  # "x y 99" occurs earlier, but the alignment holds on (unsure, no draft)
+    assert s.alignment == at + 1 and s.propose(1).tokens == ()
+    s.extend([8])  # the copy goes on: 99 is what this writer writes for 6
+    assert s.written_for(6) == 99
 
 
 def test_line_breaks_the_writer_drops_are_skipped_and_left_out_of_later_drafts():
