@@ -66,7 +66,6 @@ def test_a_token_that_continues_nothing_moves_the_alignment_where_the_last_token
     assert s.alignment == len(doc) + 5 and s.propose(2).tokens == ()  # astray, not moved
 
 
-
 def test_an_alignment_followed_long_stays_where_a_token_it_cannot_place_occurs_elsewhere():
     # followed YOUNG tokens and more, an odd token is more likely the writer's edit than a move
     copied = list(range(10, 10 + YOUNG + 2))
