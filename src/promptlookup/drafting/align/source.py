@@ -85,8 +85,8 @@ class AlignSource:
             # No alignment, or a young one where this token continues nothing, while the last ANCHOR
             # tokens were seen elsewhere: the writer copies from there now. An alignment followed
             # longer is more likely right and the token an edit (moving every such one cost three
-            # ACLSum summaries 3-5 points of their replayed share of the oracle: their writer
-            # drops the space of " ." and " ,", an edit, not a move).
+            # ACLSum summaries 1-5 points of their replayed share of the oracle: their writer swaps
+            # a word, "can" for "achieves", and goes on with the sentence).
             if acquired is not None and (self._at is None or (self._astray > astray and followed < YOUNG)):
                 self._at, self._followed, self._astray, self._unsure = acquired, ANCHOR, 0, None
 
