@@ -5,6 +5,8 @@ committed before the last is replayed; the script's own helpers."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -48,3 +50,45 @@ def test_geomean_and_labels():
     assert auto_replay.geomean([2.0, 8.0]) == pytest.approx(4.0)
     assert auto_replay.label("qwen2.5-coder-1.5b") == "qwen2.5-coder-1.5b"  # not cut at ".5b"
     assert auto_replay.label(str(_SCRIPT)) == "auto_replay"
+
+
+_REGRET = Path(__file__).resolve().parents[1] / "benchmarks" / "auto_regret.py"
+_rspec = importlib.util.spec_from_file_location("auto_regret", _REGRET)
+auto_regret = importlib.util.module_from_spec(_rspec)
+sys.modules["auto_regret"] = auto_regret  # its dataclasses look their module up there
+_rspec.loader.exec_module(auto_regret)
+
+
+def test_regrets_add_up_to_auto_less_the_oracle_and_walk_the_whole_answer():
+    prompt, text = [1, 2, 3, *WORDS[:60]], [*WORDS[:30], 250, 249, *WORDS[30:60]]
+    item = auto_regret.regret_of("copy", RUN, CURVE, [prompt], [text])
+    assert item.oracle_cost == pytest.approx(oracle_on(RUN, CURVE, [prompt], [text]).cost)
+    assert sum(s.regret for s in item.steps) == pytest.approx(item.cost - item.oracle_cost)
+    assert item.cost > item.oracle_cost and 0.5 < item.share < 1.0
+    steps = item.steps
+    assert steps[0].at == 0 and all(steps[j + 1].at == s.at + s.held + 1 for j, s in enumerate(steps[:-1]))
+    assert sum(item.by_kind().values()) == pytest.approx(item.cost - item.oracle_cost)
+
+
+def test_regret_kinds():
+    assert auto_regret.kind_of(0, 0, 3) == "plain where the oracle drafted"
+    assert auto_regret.kind_of(0, 0, 0) == "other"
+    assert auto_regret.kind_of(4, 2, 8) == "draft that failed"
+    assert auto_regret.kind_of(4, 4, 8) == "too short"
+    assert auto_regret.kind_of(4, 4, 2) == "other"
+
+
+def test_regret_script_reads_a_cache_and_refuses_a_file_that_is_not_one(tmp_path, monkeypatch, capsys):
+    prompt, text = [1, 2, 3, *WORDS[:60]], WORDS[:60]
+    cache = tmp_path / "m-0.json"
+    cache.write_text(json.dumps({"curve": list(CURVE.seconds), "n_vocab": 300, "items": {
+        "copy": {"requests": [prompt], "outputs": [text], "curve_after": list(CURVE.seconds)}}}))
+    monkeypatch.setattr(sys, "argv", ["auto_regret", "--cache", str(cache), "--curve", "after", "--steps"])
+    assert auto_regret.main() == 0
+    out = capsys.readouterr().out
+    assert "| m-0 | copy |" in out and "1 answers, after curves: mean share" in out
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    monkeypatch.setattr(sys, "argv", ["auto_regret", "--cache", str(bad)])
+    with pytest.raises(SystemExit, match="not a replay cache"):
+        auto_regret.main()

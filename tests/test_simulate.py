@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from promptlookup.costcurve import CostCurve, CostCurveError
 from promptlookup.drafting.auto.controller import AutoDrafter
 from promptlookup.drafting.ngram.source import NgramSource
-from promptlookup.measure.simulate import acceptable_lengths, oracle, simulate, sweep
+from promptlookup.measure.simulate import acceptable_lengths, oracle, oracle_plan, simulate, sweep
 
 STEEP = CostCurve((1.0, 1.74, 2.08, 2.46, 3.10, 3.53, 3.91, 4.0, 4.65))
 
@@ -50,6 +50,32 @@ def test_oracle_is_at_least_every_fixed_length_and_auto(text, flat):
     auto = simulate(prompt, cont, AutoDrafter([NgramSource(min_match=1)], curve.relative(9)), 8,
                     curve)
     assert best.cost <= auto.cost + 1e-9
+
+
+def test_oracle_plan_exact_on_a_repeating_text():
+    # the text repeats "1 2 3 4": from the first token on, ngram offers 3 tokens that all hold
+    prompt, cont = [1, 2, 3, 4], [1, 2, 3, 4, 1, 2, 3, 4]
+    plan = oracle_plan(prompt, cont, NgramSource(min_match=1), 3, STEEP)
+    assert plan.offers[:5] == [(3, 3)] * 5 and plan.offers[5:] == [(3, 2), (3, 1), (3, 0)]
+    # 7 tokens to confirm: a step of 2 drafts (2.08) and one of 3 (2.46), 3 + 4 tokens; 3 then 2
+    # costs the same, and the tie goes to the shorter first draft
+    assert plan.steps() == [(0, 2, 2), (3, 3, 3)]
+    assert plan.cost_to_go == pytest.approx([4.54, 4.16, 3.46, 2.46, 2.08, 1.74, 1.0, 0.0])
+    assert plan.choice == [2, 2, 0, 3, 2, 1, 0, 0]
+    assert plan.rel == [1.0, 1.74, 2.08, 2.46]
+    best = oracle(prompt, cont, NgramSource(min_match=1), 3, STEEP)
+    assert best.cost == plan.cost_to_go[0] and best.steps == 2 and best.accepted_tokens == 5
+
+
+@settings(max_examples=40, deadline=None)
+@given(text=st.lists(st.integers(0, 3), min_size=3, max_size=60))
+def test_oracle_plan_cost_to_go_is_its_path_and_never_above_plain(text):
+    prompt, cont = text[:2], text[2:]
+    plan = oracle_plan(prompt, cont, NgramSource(min_match=1), 8, STEEP)
+    n = len(cont)
+    for i in range(n):
+        assert plan.cost_to_go[i] <= n - 1 - i + 1e-9  # plain decoding from there is one way
+    assert sum(plan.rel[k] for _, k, _ in plan.steps()) == pytest.approx(plan.cost_to_go[0])
 
 
 def test_cost_curve_files(tmp_path):

@@ -164,12 +164,19 @@ def oracle_on(run: Run, curve: CostCurve, requests: Sequence[Sequence[int]],
     from promptlookup.drafting.base import MAX_DRAFT
     from promptlookup.measure.simulate import oracle
 
+    return oracle(requests[-1], outputs[-1], oracle_sources(run, requests, outputs), MAX_DRAFT, curve)
+
+
+def oracle_sources(run: Run, requests: Sequence[Sequence[int]],
+                   outputs: Sequence[Sequence[int]]) -> list[DraftSource]:
+    """``auto``'s sources, fresh, having seen every request but the last with its answer (committed
+    as a session would): what the oracle of :func:`oracle_on` drafts from."""
     sources = build_source(SourceSpec("auto"), run).sources
     for prompt, out in zip(requests[:-1], outputs[:-1], strict=True):
         for src in sources:
             src.reset([*prompt, *out])
             src.commit()
-    return oracle(requests[-1], outputs[-1], sources, MAX_DRAFT, curve)
+    return sources
 
 
 def replayed_speedups(run: Run, curve: CostCurve, requests: Sequence[Sequence[int]],

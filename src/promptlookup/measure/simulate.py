@@ -74,13 +74,34 @@ def acceptable_lengths(prompt: Sequence[int], continuation: Sequence[int], sourc
     return out
 
 
-def oracle(prompt: Sequence[int], continuation: Sequence[int], source: DraftSource | Sequence[DraftSource],
-           max_draft: int, curve: CostCurve) -> SimResult:
-    """The hindsight-optimal source and draft length at every step: the ceiling for any controller
-    drafting from these sources."""
+@dataclass
+class OraclePlan:
+    """The hindsight oracle's dynamic program on one text, position by position (index ``i`` of
+    the continuation's last confirmed token): the best offer there, the least cost from there to
+    the end and the draft length that reaches it. Its cost-to-go is also the yardstick of a real
+    controller's steps: a step from ``i`` that confirmed ``a`` tokens with a verify of width ``w``
+    regrets ``rel[w - 1] + cost_to_go[i + a] - cost_to_go[i]`` (``benchmarks/auto_regret.py``)."""
+
+    offers: list[tuple[int, int]]  # (tokens the best source offers, tokens of them the text accepts)
+    cost_to_go: list[float]  # in plain decodes; 0 at the last position
+    choice: list[int]  # draft length of the oracle's step from each position
+    rel: list[float]  # verify cost by width (index width - 1), in plain decodes
+
+    def steps(self) -> list[tuple[int, int, int]]:
+        """The oracle's path: (position, draft length, accepted) of each of its steps."""
+        path, i = [], 0
+        while i < len(self.offers) - 1:
+            k = self.choice[i]
+            a = min(k, self.offers[i][1])
+            path.append((i, k, a))
+            i += a + 1
+        return path
+
+
+def oracle_plan(prompt: Sequence[int], continuation: Sequence[int],
+                source: DraftSource | Sequence[DraftSource], max_draft: int, curve: CostCurve) -> OraclePlan:
+    """The hindsight-optimal source and draft length at every position (see :class:`OraclePlan`)."""
     n = len(continuation)
-    if n == 0:
-        return SimResult("oracle", 0, 0, 0, 0, 0.0, 0.0)
     sources = [source] if isinstance(source, DraftSource) else list(source)
     per_source = [acceptable_lengths(prompt, continuation, s, max_draft) for s in sources]
     offers = [max(((min(o[i][0], max_draft), o[i][1]) for o in per_source), key=_offer_value)
@@ -91,7 +112,8 @@ def oracle(prompt: Sequence[int], continuation: Sequence[int], source: DraftSour
     inf = float("inf")
     best = [inf] * n
     choice = [0] * n
-    best[n - 1] = 0.0
+    if n:
+        best[n - 1] = 0.0
     for i in range(n - 2, -1, -1):
         offered, accepted = offers[i]
         top = min(offered, n - 2 - i)
@@ -99,16 +121,20 @@ def oracle(prompt: Sequence[int], continuation: Sequence[int], source: DraftSour
             v = rel[k] + best[i + min(k, accepted) + 1]
             if v < best[i] - 1e-12:
                 best[i], choice[i] = v, k
-    steps = drafted = acc = 0
-    i = 0
-    while i < n - 1:
-        k = choice[i]
-        steps += 1
-        drafted += k
-        a = min(k, offers[i][1])
-        acc += a
-        i += a + 1
-    return SimResult("oracle", n, steps, drafted, acc, best[0], float(n - 1))
+    return OraclePlan(offers, best, choice, rel)
+
+
+def oracle(prompt: Sequence[int], continuation: Sequence[int], source: DraftSource | Sequence[DraftSource],
+           max_draft: int, curve: CostCurve) -> SimResult:
+    """The hindsight-optimal source and draft length at every step: the ceiling for any controller
+    drafting from these sources."""
+    n = len(continuation)
+    if n == 0:
+        return SimResult("oracle", 0, 0, 0, 0, 0.0, 0.0)
+    plan = oracle_plan(prompt, continuation, source, max_draft, curve)
+    path = plan.steps()
+    return SimResult("oracle", n, len(path), sum(k for _, k, _ in path), sum(a for _, _, a in path),
+                     plan.cost_to_go[0], float(n - 1))
 
 
 def _offer_value(offer: tuple[int, int]) -> tuple[int, int]:
