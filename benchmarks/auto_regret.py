@@ -35,25 +35,23 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from auto_replay import CACHE  # noqa: E402
 
-from promptlookup.backends.text import TextBackend  # noqa: E402
 from promptlookup.costcurve import CostCurve  # noqa: E402
 from promptlookup.drafting.base import MAX_DRAFT, Draft, DraftSource, StepFeedback  # noqa: E402
 from promptlookup.drafting.spec import Run, SourceSpec, build_source  # noqa: E402
 from promptlookup.measure.bench import oracle_sources  # noqa: E402
-from promptlookup.measure.simulate import OraclePlan, oracle_plan  # noqa: E402
-from promptlookup.speculate import generate  # noqa: E402
+from promptlookup.measure.simulate import oracle_plan, simulate  # noqa: E402
 
 KINDS = ("plain where the oracle drafted", "draft that failed", "too short", "other")
 
 
 class Recorder:
     """A draft source that hands every call to ``inner`` and records, per proposal, the position
-    of the last confirmed token and the draft sent."""
+    of the last confirmed token, the draft and how many of its tokens the loop could send."""
 
     def __init__(self, inner: DraftSource) -> None:
         self.inner, self.name = inner, inner.name
         self.confirmed = 0
-        self.proposals: list[tuple[int, Draft]] = []
+        self.proposals: list[tuple[int, Draft, int]] = []
 
     def reset(self, prompt: Sequence[int]) -> None:
         self.confirmed, self.proposals = 0, []
@@ -65,7 +63,7 @@ class Recorder:
 
     def propose(self, k: int) -> Draft:
         draft = self.inner.propose(k)
-        self.proposals.append((self.confirmed - 1, draft))
+        self.proposals.append((self.confirmed - 1, draft, k))
         return draft
 
     def commit(self) -> None:
@@ -114,34 +112,31 @@ def kind_of(sent: int, held: int, oracle_sent: int) -> str:
 
 def regret_of(name: str, run: Run, curve: CostCurve, requests: Sequence[Sequence[int]],
               outputs: Sequence[Sequence[int]]) -> ItemRegret:
-    """``auto``'s replay of the last request (after the earlier ones, committed), step by step
-    against the oracle's plan on it."""
-    auto = build_source(SourceSpec("auto"), run)
-    rec = Recorder(auto)
+    """``auto``'s replay of the last request (after the earlier ones, committed, as
+    :func:`promptlookup.measure.bench.replayed_speedup` runs it), step by step against the oracle's
+    plan on it."""
+    rec = Recorder(build_source(SourceSpec("auto"), run))
     for i, (prompt, text) in enumerate(zip(requests, outputs, strict=True)):
-        backend = TextBackend([*prompt, *text])
-        gen = generate(backend, prompt, len(text), source=rec, draft=MAX_DRAFT, verify_seconds=curve.cost)
-        if gen.tokens != list(text):
-            raise AssertionError(f"{name}: the replay diverged from the text")
+        sim = simulate(prompt, text, rec, MAX_DRAFT, curve)
         if i < len(requests) - 1:
             rec.commit()
-    plan: OraclePlan = oracle_plan(requests[-1], outputs[-1], oracle_sources(run, requests, outputs),
-                                   MAX_DRAFT, curve)
+    plan = oracle_plan(requests[-1], outputs[-1], oracle_sources(run, requests, outputs), MAX_DRAFT, curve)
     text, ctg = outputs[-1], plan.cost_to_go
-    widths = backend.widths
-    # The loop asks for no draft where one token is left to write: such a step has no proposal.
-    drafts = [d for _, d in rec.proposals] + [Draft(source="plain")] * (len(widths) - len(rec.proposals))
-    item = ItemRegret(name, sum(plan.rel[min(w, len(plan.rel)) - 1] for w in widths), ctg[0])
+    item = ItemRegret(name, sim.cost, ctg[0])
     at = 0
-    for j, (draft, w) in enumerate(zip(drafts, widths, strict=True)):
-        if j < len(rec.proposals) and rec.proposals[j][0] != at:
-            raise AssertionError(f"{name}: step {j} proposed at {rec.proposals[j][0]}, walked to {at}")
-        sent = w - 1
+    # The loop asks for no draft where one token is left to write: those last steps are plain.
+    steps = [*rec.proposals, *((None, Draft(source="plain"), 0) for _ in range(len(text)))]
+    for asked_at, draft, k in steps:
+        if at >= len(text) - 1:
+            break
+        if asked_at is not None and asked_at != at:
+            raise AssertionError(f"{name}: a draft proposed at {asked_at}, the steps walked to {at}")
+        sent = min(len(draft.tokens), k)
         held = 0
         while held < sent and draft.tokens[held] == text[at + 1 + held]:
             held += 1
         nxt = min(at + held + 1, len(text) - 1)
-        regret = plan.rel[min(w, len(plan.rel)) - 1] + ctg[nxt] - ctg[at]
+        regret = plan.rel[sent] + ctg[nxt] - ctg[at]
         item.steps.append(Step(at, draft.source if sent else "plain", sent, held, plan.choice[at], regret,
                                kind_of(sent, held, plan.choice[at])))
         at = nxt
