@@ -170,11 +170,11 @@ FAKE = {"n_vocab": 8, "window": 2, "seed": 4}
 PROMPT = list(range(8)) * 2
 
 
-def _run_auto(cost, n=240, curve=(1.0,) * 9):
+def _run_auto(cost, n=240, curve=(1.0,) * 9, plain_s=None):
     """auto on the repetitive fake text, told that drafting is free (a flat curve), while the
     loop's clock charges ``cost(width)`` seconds per verify."""
     model = FakeModel(**FAKE)
-    auto = AutoDrafter([NgramSource(min_match=1)], list(curve))
+    auto = AutoDrafter([NgramSource(min_match=1)], list(curve), plain_s=plain_s)
     gen = generate(model, PROMPT, n, source=auto, draft=8, verify_seconds=cost)
     assert gen.tokens == generate(FakeModel(**FAKE), PROMPT, n).tokens
     return _widths(model), auto
@@ -196,6 +196,31 @@ def test_auto_drafts_when_measured_verify_is_cheap():
     assert sum(w > 1 for w in late) >= 0.8 * len(late)
     assert sum(widths) > 3 * len(widths)  # long drafts: most steps confirm several tokens
     assert auto.calibration.plain_probes >= 1  # the plain baseline was measured all the same
+
+
+def test_no_early_plain_probe_while_the_verifies_run_as_the_curve_timed():
+    # The curve's plain decode took 1 ms and its shape is flat; the run's verifies take 1.1 ms:
+    # within TRUST of what the curve says, so its plain decode is believed and no probe is taken in
+    # the first 64 steps (the 1.5B's 66-token quote spent 2 of its 15 steps on them).
+    widths, auto = _run_auto(lambda w: 0.0011, n=120, plain_s=0.001)
+    assert auto.curve_holds()
+    assert widths[:5] == [4, 9, 5, 8, 2] and auto.calibration.plain_probes == 0
+    # negative control: the same run with a curve known only by its shape probes twice early, at its
+    # second and fifth steps, where the drafts promised least
+    widths, auto = _run_auto(lambda w: 0.0011, n=120)
+    assert not auto.curve_holds()
+    assert widths[:5] == [4, 1, 5, 8, 1] and auto.calibration.plain_probes == 2
+
+
+def test_early_plain_probes_where_the_verifies_contradict_the_curve():
+    # Verifies at 12 ms where the curve timed every width at 1 ms: the curve is wrong about this
+    # run, so the plain decode is measured at once (the step after the first verify), not read off
+    # the curve, and drafting stops.
+    widths, auto = _run_auto(lambda w: 0.001 if w == 1 else 0.012, plain_s=0.001)
+    assert widths[:2] == [4, 1] and auto.calibration.plain_probes == 1
+    late = widths[len(widths) // 2:]
+    assert sum(w > 1 for w in late) <= len(late) // 10
+    assert auto.times.verify(1) == pytest.approx(0.001)
 
 
 def test_auto_follows_a_cost_that_drifts_during_the_run():

@@ -75,7 +75,7 @@ def factory(spec: SourceSpec, run: Run) -> Callable[[], AutoDrafter]:
 
     def make() -> AutoDrafter:
         sources: list[DraftSource] = [s for s in (m() for m in makers) if s is not None]
-        return AutoDrafter(sources, rel, max_draft=MAX_DRAFT, margin=margin)
+        return AutoDrafter(sources, rel, max_draft=MAX_DRAFT, margin=margin, plain_s=curve.cost(1))
 
     return make
 
