@@ -7,10 +7,12 @@ from fakes import FakeModel
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from promptlookup.costcurve import CostCurve
 from promptlookup.drafting.auto.acceptance import AcceptanceModel, best_length, expected_tokens, match_bucket
-from promptlookup.drafting.auto.controller import CALIBRATION_STRENGTH, AutoDrafter
+from promptlookup.drafting.auto.controller import CALIBRATION_STRENGTH, TRUST, AutoDrafter
 from promptlookup.drafting.base import Draft
 from promptlookup.drafting.ngram.source import NgramSource
+from promptlookup.drafting.spec import Run, SourceSpec, build_source
 from promptlookup.speculate import generate
 
 
@@ -210,6 +212,23 @@ def test_no_early_plain_probe_while_the_verifies_run_as_the_curve_timed():
     widths, auto = _run_auto(lambda w: 0.0011, n=120)
     assert not auto.curve_holds()
     assert widths[:5] == [4, 1, 5, 8, 1] and auto.calibration.plain_probes == 2
+
+
+@pytest.mark.parametrize(("measured", "holds"), [(1.25, True), (1.2500001, False), (0.8, True),
+                                                   (0.7999999, False), (3.0, False)])
+def test_the_curve_holds_within_trust_of_its_plain_decode(measured, holds):
+    # boundaries included: a plain decode of 1 s on the curve, one verify measured at each time
+    assert TRUST == 1.25
+    auto = AutoDrafter([NgramSource(min_match=1)], [1.0, 1.0], plain_s=1.0)
+    auto.times.observe(1, measured, 0.0)
+    assert auto.curve_holds() is holds
+    assert AutoDrafter([NgramSource(min_match=1)], [1.0, 1.0]).curve_holds() is False  # no seconds
+
+
+def test_auto_from_the_spec_knows_its_curves_plain_decode():
+    curve = CostCurve((0.0125, 0.014, 0.015, 0.016, 0.017, 0.018, 0.019, 0.02, 0.021))
+    auto = build_source(SourceSpec("auto"), Run(100, lambda: "x", cost_curve=lambda: curve, warm=False))
+    assert auto.plain_s == 0.0125
 
 
 def test_early_plain_probes_where_the_verifies_contradict_the_curve():
