@@ -161,6 +161,9 @@ def test_auto_refuses_bad_configuration():
         AutoDrafter([], [1.0, 2.0])
     with pytest.raises(ValueError, match="cost curve"):
         AutoDrafter([NgramSource()], [1.0])
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="plain decode must be a positive number of seconds"):
+            AutoDrafter([NgramSource()], [1.0, 2.0], plain_s=bad)
 
 
 def _widths(model: FakeModel) -> list[int]:

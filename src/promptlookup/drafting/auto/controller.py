@@ -109,6 +109,9 @@ class AutoDrafter:
             raise ValueError("auto speculation needs at least one draft source")
         if len(rel_cost) < 2 or rel_cost[0] <= 0:
             raise ValueError("the relative cost curve needs the 1-token cost and at least one more")
+        if plain_s is not None and not 0 < plain_s < float("inf"):  # also refuses nan
+            raise ValueError(f"the curve's plain decode must be a positive number of seconds, "
+                             f"got {plain_s!r}")
         self.sources = list(sources)
         self.rel_cost = [c / rel_cost[0] for c in rel_cost]
         self.max_draft = max_draft
@@ -270,7 +273,7 @@ class AutoDrafter:
         """Whether the verifies measured so far read, through the curve's shape, as the plain decode
         the curve timed (within :data:`TRUST`): then the curve is right about this run, and its
         plain decode is believed until a plain step is due anyway (:data:`PLAIN_EVERY`)."""
-        if self.plain_s is None or self.plain_s <= 0:
+        if self.plain_s is None:
             return False
         ratio = self.times.verify(1) / self.plain_s
         return 1.0 / TRUST <= ratio <= TRUST
