@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from promptlookup.costcurve import CostCurve
 from promptlookup.drafting.auto.acceptance import AcceptanceModel, best_length, expected_tokens, match_bucket
-from promptlookup.drafting.auto.controller import CALIBRATION_STRENGTH, TRUST, AutoDrafter
+from promptlookup.drafting.auto.controller import CALIBRATION_STRENGTH, TRUST, AutoDrafter, parting
 from promptlookup.drafting.base import Draft
 from promptlookup.drafting.ngram.source import NgramSource
 from promptlookup.drafting.spec import Run, SourceSpec, build_source
@@ -515,3 +515,41 @@ def test_the_realized_ratio_is_kept_per_source_and_match_bucket_and_scales_every
     e = auto.model.expected("scripted", 5, 2)
     for k in (1, 2):
         assert auto.rate("scripted", 5, k) == pytest.approx((1 + kind * (e[k] - 1)) / auto.times.step(k + 1))
+
+
+def test_a_draft_is_sent_only_up_to_where_it_parts_from_one_after_a_longer_match():
+    a = Draft((1, 2, 3, 4, 5), "a", match_len=4)
+    assert parting(a, [a]) == 5
+    assert parting(a, [Draft((1, 2, 9, 4), "b", match_len=6)]) == 2  # parts at the third token
+    assert parting(a, [Draft((7,), "b", match_len=6)]) == 0  # from the first
+    assert parting(a, [Draft((1, 2, 9), "b", match_len=4)]) == 5  # an equal match does not decide
+    assert parting(a, [Draft((1, 2, 9), "b", match_len=3)]) == 5  # nor a shorter one
+    assert parting(a, [Draft((1, 2), "b", match_len=9)]) == 5  # agrees as far as it goes
+    # the earliest parting among several longer matches
+    assert parting(a, [Draft((1, 2, 3, 0), "b", match_len=6), Draft((1, 0), "c", match_len=5)]) == 1
+
+
+class Named(Scripted):
+    """A scripted source with its own name and match length."""
+
+    def __init__(self, name, match_len, drafts):
+        super().__init__(drafts)
+        self.name, self.match_len = name, match_len
+
+    def propose(self, k):
+        return Draft(tuple(self.drafts.pop(0)) if self.drafts else (), self.name, match_len=self.match_len)
+
+
+@pytest.mark.parametrize("other_match, sent",
+                         [(6, ("long", (1, 2))), (4, ("short", (1, 3, 4, 5, 6, 7, 8, 9)))])
+def test_a_source_after_a_shorter_match_yields_where_the_drafts_part(other_match, sent):
+    # On a flat curve the longest draft wins: the 8 tokens after a 4-token match, not the 2 after a
+    # 6-token one. Where the two part (at their second token) the one after the longer match is the
+    # better reading, so the 8-token draft may send only its first token and the 2-token one wins;
+    # the negative control, the same two drafts after equal matches, sends the 8.
+    short = Named("short", 4, [(1, 3, 4, 5, 6, 7, 8, 9)])
+    other = Named("long", other_match, [(1, 2)])
+    auto = AutoDrafter([short, other], [1.0] * 9, max_draft=8)
+    auto.reset([0])
+    d = auto.propose(8)
+    assert (d.source, d.tokens) == sent
