@@ -17,7 +17,8 @@ happened to go well first (one 7-token draft that held 5 priced 7 at 0.84 for th
 256-token copy, which then went out 5 at a time where 8 held). Plain steps are still taken now and
 then (:data:`PLAIN_EVERY`) so the plain baseline stays measured, early in a run only where the
 verifies contradict the load-time curve (:meth:`AutoDrafter.curve_holds`), and a source that has not
-won for a while is asked only every :data:`PROBE_EVERY` steps, since asking costs time too.
+won for a while is asked only every :data:`PROBE_EVERY` steps, since asking costs time too. Where two
+sources' drafts part, the one after the shorter match is sent only up to there (:func:`parting`).
 """
 
 from __future__ import annotations
@@ -104,8 +105,8 @@ def parting(draft: Draft, others: Sequence[Draft]) -> int:
     Why: two sources that read the same text can follow different copies of a short context, and
     the one with the longer match is the more specific reading; their records cannot tell which is
     right here. On the 1.5B's quote, after ``" shall mean"`` the lookup cache (a 4-token match,
-    with the better record so far) offered another definition's words, the suffix tree and align
-    the quoted one's (6 tokens): priced by records alone the lookup draft won and held 1 of 4.
+    with the better record so far) offered another definition's words, the suffix tree (a 6-token
+    match) and align the quoted one's: priced by records alone the lookup draft won and held 1 of 4.
     Over the 36 cached answers of ``auto_replay.py`` the cut moved the mean share of the hindsight
     oracle from 90.42% to 90.85% (load-time curves) and 85.60% to 86.34% (after-prompt curves).
     Each source's whole draft is still scored, so its record is what it would have earned."""
@@ -367,8 +368,9 @@ class AutoDrafter:
             if d.tokens:
                 self._pending.append(_Pending(start, d))  # scored in full, whatever is sent of it
                 drafts.append((i, d))
+        proposed = [d for _, d in drafts]
         for i, d in drafts:
-            top = min(parting(d, [o for _, o in drafts]), depth)
+            top = min(parting(d, proposed), depth)
             if not top:
                 continue
             rho = self.choice_ratio(d.source, d.match_len)
