@@ -83,6 +83,7 @@ class Scripted:
     """A source that replays a fixed list of drafts, one per call."""
 
     name = "scripted"
+    match_len = 5
 
     def __init__(self, drafts):
         self.drafts = list(drafts)
@@ -97,7 +98,7 @@ class Scripted:
         pass
 
     def propose(self, k):
-        return Draft(tuple(self.drafts.pop(0)) if self.drafts else (), self.name, match_len=5)
+        return Draft(tuple(self.drafts.pop(0)) if self.drafts else (), self.name, match_len=self.match_len)
 
 
 def test_auto_learns_from_drafts_it_did_not_send():
@@ -535,9 +536,6 @@ class Named(Scripted):
     def __init__(self, name, match_len, drafts):
         super().__init__(drafts)
         self.name, self.match_len = name, match_len
-
-    def propose(self, k):
-        return Draft(tuple(self.drafts.pop(0)) if self.drafts else (), self.name, match_len=self.match_len)
 
 
 @pytest.mark.parametrize("other_match, sent",
