@@ -93,9 +93,13 @@ def test_short_real_bench(real_backend):
 
     prompt = real_backend.tokenize("one two three four one two three four one two three")
     replays: dict = {}
+    said: list[str] = []
     runs, oracles = run_bench(real_backend, {"loop": [prompt]},
                               [parse_cell("off"), parse_cell("ngram"), parse_cell("auto")], 2, 12,
-                              replays=replays)
+                              replays=replays, progress=said.append)
+    # the oracle's verify costs were timed after each of the two rounds, the median kept
+    charged = [s for s in said if "oracle charged" in s]
+    assert len(charged) == 1 and "the median of 2 timings (one after each round) (1:1.00x" in charged[0]
     assert [r.cell.name for r in runs] == ["off", "ngram", "auto", "auto", "ngram", "off"]
     assert runs[-1].identical  # plain decoding is deterministic
     assert oracles["loop"] >= 1.0

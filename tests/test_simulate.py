@@ -96,6 +96,24 @@ def test_cost_curve_files(tmp_path):
     assert CostCurve((1.0, 2.0)).cost(4) == 4.0  # extrapolates the last slope
 
 
+def test_median_curve_takes_each_widths_median_shape_at_the_median_plain_decode():
+    from promptlookup.costcurve import median_curve
+
+    slow = CostCurve((0.2, 0.4, 0.6), "a")  # shape 1, 2, 3: the whole machine ran at half speed
+    timings = [CostCurve((0.1, 0.15, 0.3, 0.5), "a"), slow, CostCurve((0.1, 0.3, 0.25), "c")]
+    m = median_curve(timings)
+    # plain: median(0.1, 0.2, 0.1); width 2: median(1.5, 2, 3); width 3: median(3, 3, 2.5); width 4
+    # only one timing measured: left out
+    assert m.seconds == pytest.approx((0.1, 0.2, 0.3))
+    assert m.label == "a"
+    # a slow timing weighs by its shape alone: scaled, it changes nothing
+    assert median_curve([*timings[:1], CostCurve((0.05, 0.1, 0.15)), timings[2]]).seconds == pytest.approx(
+        m.seconds)
+    assert median_curve([slow], "one").seconds == slow.seconds
+    with pytest.raises(ValueError, match="at least one curve"):
+        median_curve([])
+
+
 def test_multi_source_oracle_takes_the_better_offer_each_step():
     prompt, cont = [1, 2, 3, 9, 1, 2, 3, 7, 5], [1, 2, 3, 7, 5, 1, 2]
     one = oracle(prompt, cont, NgramSource(min_match=1), 8, CostCurve.flat())

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,6 +119,23 @@ class CostCurve:
 def describe(curve: CostCurve, n: int | None = None) -> str:
     rel = curve.relative(n)
     return " ".join(f"{i + 1}:{r:.2f}x" for i, r in enumerate(rel))
+
+
+def median_curve(curves: Sequence[CostCurve], label: str = "") -> CostCurve:
+    """Several timings of one curve made one: at each width the median of their relative costs,
+    times the median plain decode (the widths all of them measured).
+
+    Why: one timing on a shared machine is a lottery. Four timings of the 1.5B's verifies after the
+    same copy_edit context, minutes apart, read an 8-token verify as 2.07, 2.24, 2.25 and 2.45
+    decodes, and a hindsight oracle charged by one of them moved by 4% with it. The shapes are taken
+    relative so that a timing made while the whole machine ran slower weighs only through its shape.
+    """
+    if not curves:
+        raise ValueError("a median of cost curves needs at least one curve")
+    n = min(len(c.seconds) for c in curves)
+    plain = statistics.median(c.seconds[0] for c in curves)
+    rel = [statistics.median(c.seconds[i] / c.seconds[0] for c in curves) for i in range(n)]
+    return CostCurve(tuple(plain * r for r in rel), label or curves[0].label)
 
 
 def as_curve(values: Sequence[float], label: str = "") -> CostCurve:

@@ -27,7 +27,9 @@ gives each cell's **same-text replay** (:func:`replayed_speedups`): its speedup 
 simulation (:mod:`promptlookup.measure.simulate`) on the plain output, the comparison of sources
 that no text luck moves. The oracle and the replays are charged by verify costs timed on the loaded
 model after the workload's prompt and half its answer (:func:`measure_cost_curve_after`), where its
-steps ran, not by the load-time curve timed after 128 tokens.
+steps ran, not by the load-time curve timed after 128 tokens; timed once after every round and the
+median kept (:func:`~promptlookup.costcurve.median_curve`), since one timing on a shared machine moves
+the oracle by several percent.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ import numpy as np
 
 from promptlookup.backends.base import Model, common_prefix
 from promptlookup.backends.costs import cached_cost_curve, measure_cost_curve_after
-from promptlookup.costcurve import CostCurve, describe
+from promptlookup.costcurve import CostCurve, describe, median_curve
 from promptlookup.drafting.base import DraftSource, report_of
 from promptlookup.drafting.spec import OFF, SOURCES, Run, SourceSpec, SpecError, build_source
 from promptlookup.errors import UsageError
@@ -235,7 +237,8 @@ def run_bench(backend: Model, workloads: dict[str, list[list[int]]], cells: Sequ
               llama_server: str | Path | None = None) -> tuple[list[CellRun], dict[str, float]]:
     """Run every (workload, cell) ``repeat`` times, alternating cells within each round; also return
     each workload's oracle speedup on its first plain output (charged by verify costs timed after
-    the workload's prompt and half that output, see :func:`measure_cost_curve_after`). ``on_run`` is
+    the workload's prompt and half that output, see :func:`measure_cost_curve_after`, once after each
+    round: the median of those timings). ``on_run`` is
     called with each run as soon as it finishes (the CSV writes its row there). ``replays``, when
     given, is filled with each (workload, cell label)'s same-text replay (:func:`replayed_speedups`;
     under sampling too: a position's random number depends only on the seed and the position, so a
@@ -265,6 +268,7 @@ def run_bench(backend: Model, workloads: dict[str, list[list[int]]], cells: Sequ
     for wname, requests in workloads.items():
         reference: list[list[int]] | None = None
         peer_refs: dict[str, list[int]] = {}
+        timings: list[CostCurve] = []
         for r in range(repeat):
             order = list(cells) if r % 2 == 0 else list(reversed(cells))
             for cell in order:
@@ -302,9 +306,13 @@ def run_bench(backend: Model, workloads: dict[str, list[list[int]]], cells: Sequ
                                     wall, extra))
                 if on_run:
                     on_run(runs[-1])
-        if reference is not None:
-            # charged as this workload's steps were: verifies timed after its prompt and half its answer
-            curve = measure_cost_curve_after(backend, steps_context(requests, reference))
+            if reference is not None:
+                # charged as this workload's steps were: verifies timed after its prompt and half its
+                # answer, once after every round, the median kept (:func:`median_curve`)
+                timings.append(measure_cost_curve_after(backend, steps_context(requests, reference)))
+        if timings and reference is not None:
+            curve = median_curve(timings, timings[0].label + (
+                f", the median of {len(timings)} timings (one after each round)" if len(timings) > 1 else ""))
             if progress:
                 progress(f"{wname}: oracle charged by the verify costs {curve.label} "
                          f"({describe(curve)})")
