@@ -46,6 +46,27 @@ def test_a_session_replays_its_last_request_after_the_earlier_ones():
     assert orc.speedup >= with_history  # the ceiling of auto's sources, suffix among them
 
 
+def test_perturbed_replay_tells_auto_other_times_and_charges_the_curve(monkeypatch):
+    prompt, text = [1, 2, 3, *WORDS[:60], 7, 8, *WORDS[60:100]], [*WORDS[:60], 9, *WORDS[60:100]]
+    auto = SourceSpec.parse("auto")
+    plain = replayed_speedup(auto, RUN, CURVE, [prompt], [text])
+    args = (RUN, CURVE, CURVE, [prompt], [text])
+    assert auto_replay.perturbed_speedup(auto, *args, 3) == auto_replay.perturbed_speedup(auto, *args, 3)
+    # a fixed source does not listen to time: any perturbation replays it as it is
+    ngram = SourceSpec.parse("ngram:draft=4")
+    assert auto_replay.perturbed_speedup(ngram, *args, 5) == pytest.approx(
+        replayed_speedup(ngram, RUN, CURVE, [prompt], [text]))
+    # told exactly what it is charged, auto replays as the plain replay does
+    monkeypatch.setattr(auto_replay, "PERTURB_SCALE", (1.0, 1.0))
+    monkeypatch.setattr(auto_replay, "PERTURB_NOISE", 0.0)
+    assert auto_replay.perturbed_speedup(auto, *args, 1) == pytest.approx(plain)
+    # told that the machine runs 3x slower than its load-time curve (the curve no longer holds), auto
+    # probes plain decoding early, and every later step moves (here to a slightly cheaper path)
+    monkeypatch.setattr(auto_replay, "PERTURB_SCALE", (3.0, 3.0))
+    assert auto_replay.perturbed_speedup(auto, *args, 1) == pytest.approx(2.9585798816568043)
+    assert plain == pytest.approx(2.9411764705882355)
+
+
 def test_geomean_and_labels():
     assert auto_replay.geomean([2.0, 8.0]) == pytest.approx(4.0)
     assert auto_replay.label("qwen2.5-coder-1.5b") == "qwen2.5-coder-1.5b"  # not cut at ".5b"

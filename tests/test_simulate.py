@@ -114,6 +114,23 @@ def test_median_curve_takes_each_widths_median_shape_at_the_median_plain_decode(
         median_curve([])
 
 
+def test_simulate_tells_the_source_told_seconds_and_charges_the_curve():
+    class Listening(NgramSource):
+        def __init__(self):
+            super().__init__()
+            self.heard: list[tuple[int, float]] = []
+
+        def feedback(self, step):
+            self.heard.append((step.fed, step.verify_s))
+
+    text = [1, 2, 3, 4] * 10
+    src = Listening()
+    told = simulate(text[:8], text[8:], src, 3, STEEP, told=lambda w: 100.0 + w)
+    assert src.heard and all(s == 100.0 + w for w, s in src.heard)
+    untold = simulate(text[:8], text[8:], Listening(), 3, STEEP)
+    assert told.cost == pytest.approx(untold.cost)  # charged by the curve either way
+
+
 def test_multi_source_oracle_takes_the_better_offer_each_step():
     prompt, cont = [1, 2, 3, 9, 1, 2, 3, 7, 5], [1, 2, 3, 7, 5, 1, 2]
     one = oracle(prompt, cont, NgramSource(min_match=1), 8, CostCurve.flat())

@@ -42,12 +42,16 @@ class SimResult:
 
 
 def simulate(prompt: Sequence[int], continuation: Sequence[int], source: DraftSource | None,
-             draft: int, curve: CostCurve, label: str = "") -> SimResult:
-    """Run the loop on the text with ``source`` and charge each verify step by ``curve``."""
+             draft: int, curve: CostCurve, label: str = "",
+             told: Callable[[int], float] | None = None) -> SimResult:
+    """Run the loop on the text with ``source`` and charge each verify step by ``curve``.
+
+    ``told(width)``: the seconds the source is told each step took, where they should differ from
+    what it is charged (a live run's clock is noisy: ``benchmarks/auto_replay.py --perturb``)."""
     stream = list(prompt) + list(continuation)
     backend = TextBackend(stream)
     gen = generate(backend, prompt, len(continuation), source=source, draft=draft,
-                   verify_seconds=curve.cost)
+                   verify_seconds=told or curve.cost)
     if gen.tokens != list(continuation):  # the loop must reproduce the text exactly
         raise AssertionError("simulation diverged from the text: the loop is not exact")
     unit = curve.cost(1)
