@@ -22,11 +22,9 @@ A multi-request workload (``=== next request ===``) is replayed in order and the
 reported, as ``promptlookup bench`` does.
 
 ``--perturb S`` replays each item S more times with ``auto`` told the step times a live run might
-measure (:func:`perturbed_speedup`) and reports their mean and range: one replay is chaotic. On the
-1.5B's copy_edit, one early plain probe (the machine read more than 1.25x slower than the load-time
-curve) moved every later step and the replay from 84.2% of the oracle to 77.5%, with the controller's
-time estimates at the end within 0.02 decodes of each other. A change to the controller is judged
-on the mean.
+measure (:func:`promptlookup.measure.bench.perturbed_speedup`) and reports their mean and range: one
+replay is chaotic (an early plain probe moves every later step), so a change to the controller is
+judged on the mean.
 """
 
 from __future__ import annotations
@@ -35,7 +33,6 @@ import argparse
 import hashlib
 import json
 import math
-import random
 import statistics
 import sys
 import time
@@ -46,11 +43,10 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from promptlookup.chat import chat_tokens  # noqa: E402
 from promptlookup.costcurve import CostCurve  # noqa: E402
-from promptlookup.drafting.spec import Run, SourceSpec, build_source  # noqa: E402
+from promptlookup.drafting.spec import Run, SourceSpec  # noqa: E402
 from promptlookup.errors import UsageError  # noqa: E402
 from promptlookup.fileio import atomic_write_text  # noqa: E402
 from promptlookup.measure import bench  # noqa: E402
-from promptlookup.measure.simulate import simulate  # noqa: E402
 from promptlookup.textin import read_prompt_file  # noqa: E402
 
 CACHE = Path.home() / ".cache" / "promptlookup" / "replays"
@@ -104,34 +100,6 @@ def plain_outputs(model: str, files: list[Path], n: int, n_ctx: int, threads: in
     return out
 
 
-PERTURB_SCALE = (0.9, 1.35)  # the machine's speed at replay time over the load-time curve's, drawn once
-PERTURB_NOISE = 0.05  # log-normal spread of each step's told time
-
-
-def perturbed_speedup(spec: SourceSpec, run: Run, curve: CostCurve, own: CostCurve, requests: list,
-                      outputs: list, seed: int) -> float:
-    """A same-text replay (:func:`promptlookup.measure.bench.replayed_speedup`) in which the source
-    is told each step's seconds as a live run might measure them: ``curve`` scaled so that its plain
-    decode reads a factor drawn from :data:`PERTURB_SCALE` times the load-time curve's (``own``,
-    what ``auto`` starts from: a live run finds the machine faster or slower than when that was
-    timed), and each step by log-normal noise (:data:`PERTURB_NOISE`); charged by ``curve`` itself.
-    Deterministic for a seed."""
-    rng = random.Random(seed)
-    scale = rng.uniform(*PERTURB_SCALE) * own.cost(1) / curve.cost(1)
-
-    def told(width: int) -> float:
-        return curve.cost(width) * scale * math.exp(rng.gauss(0.0, PERTURB_NOISE))
-
-    source = build_source(spec, run)
-    speedup = 1.0
-    for i, (prompt, text) in enumerate(zip(requests, outputs, strict=True)):
-        speedup = simulate(prompt, text, source, spec.draft if source is not None else 1, curve,
-                           told=told).speedup
-        if i < len(requests) - 1 and source is not None:
-            source.commit()
-    return speedup
-
-
 def geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
@@ -182,8 +150,8 @@ def main() -> int:
                 row = [label(model), cname, name, f"{orc.speedup:.3f}x"]
                 for c in cells:
                     if args.perturb:
-                        xs = [perturbed_speedup(specs[c], run, curve, given or own, item["requests"],
-                                                item["outputs"], seed) for seed in range(args.perturb)]
+                        xs = [bench.perturbed_speedup(specs[c], run, curve, item["requests"], item["outputs"],
+                                                      seed) for seed in range(args.perturb)]
                         x = statistics.mean(xs)
                         cell = (f"{x:.3f}x ({x / orc.speedup:.0%}; {min(xs) / orc.speedup:.0%}-"
                                 f"{max(xs) / orc.speedup:.0%})")

@@ -13,7 +13,8 @@ import pytest
 
 from promptlookup.costcurve import CostCurve
 from promptlookup.drafting.spec import Run, SourceSpec, build_source
-from promptlookup.measure.bench import oracle_on, replayed_speedup
+from promptlookup.measure import bench
+from promptlookup.measure.bench import oracle_on, perturbed_speedup, replayed_speedup
 from promptlookup.measure.simulate import simulate
 
 _SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "auto_replay.py"
@@ -50,21 +51,36 @@ def test_perturbed_replay_tells_auto_other_times_and_charges_the_curve(monkeypat
     prompt, text = [1, 2, 3, *WORDS[:60], 7, 8, *WORDS[60:100]], [*WORDS[:60], 9, *WORDS[60:100]]
     auto = SourceSpec.parse("auto")
     plain = replayed_speedup(auto, RUN, CURVE, [prompt], [text])
-    args = (RUN, CURVE, CURVE, [prompt], [text])
-    assert auto_replay.perturbed_speedup(auto, *args, 3) == auto_replay.perturbed_speedup(auto, *args, 3)
+    args = (RUN, CURVE, [prompt], [text])
+    assert perturbed_speedup(auto, *args, 3) == perturbed_speedup(auto, *args, 3)
     # a fixed source does not listen to time: any perturbation replays it as it is
     ngram = SourceSpec.parse("ngram:draft=4")
-    assert auto_replay.perturbed_speedup(ngram, *args, 5) == pytest.approx(
+    assert perturbed_speedup(ngram, *args, 5) == pytest.approx(
         replayed_speedup(ngram, RUN, CURVE, [prompt], [text]))
     # told exactly what it is charged, auto replays as the plain replay does
-    monkeypatch.setattr(auto_replay, "PERTURB_SCALE", (1.0, 1.0))
-    monkeypatch.setattr(auto_replay, "PERTURB_NOISE", 0.0)
-    assert auto_replay.perturbed_speedup(auto, *args, 1) == pytest.approx(plain)
+    monkeypatch.setattr(bench, "PERTURB_SCALE", (1.0, 1.0))
+    monkeypatch.setattr(bench, "PERTURB_NOISE", 0.0)
+    assert perturbed_speedup(auto, *args, 1) == pytest.approx(plain)
     # told that the machine runs 3x slower than its load-time curve (the curve no longer holds), auto
     # probes plain decoding early, and every later step moves (here to a slightly cheaper path)
-    monkeypatch.setattr(auto_replay, "PERTURB_SCALE", (3.0, 3.0))
-    assert auto_replay.perturbed_speedup(auto, *args, 1) == pytest.approx(2.9585798816568043)
+    monkeypatch.setattr(bench, "PERTURB_SCALE", (3.0, 3.0))
+    assert perturbed_speedup(auto, *args, 1) == pytest.approx(2.9585798816568043)
     assert plain == pytest.approx(2.9411764705882355)
+
+
+def test_benchs_replay_of_auto_is_the_mean_of_its_perturbed_replays():
+    prompt, text = [1, 2, 3, *WORDS[:60], 7, 8, *WORDS[60:100]], [*WORDS[:60], 9, *WORDS[60:100]]
+    cells = [bench.parse_cell("off"), bench.parse_cell("auto"), bench.parse_cell("ngram")]
+    got = bench.replayed_speedups(RUN, CURVE, [prompt], [text], cells)
+    auto = SourceSpec.parse("auto")
+    want = [perturbed_speedup(auto, RUN, CURVE, [prompt], [text], seed)
+            for seed in range(bench.REPLAY_PERTURB)]
+    assert sorted(got) == ["auto", "ngram"]
+    assert got["auto"] == pytest.approx(sum(want) / len(want))
+    ngram = replayed_speedup(SourceSpec.parse("ngram"), RUN, CURVE, [prompt], [text])
+    assert got["ngram"] == pytest.approx(ngram)
+    orc = oracle_on(RUN, CURVE, [prompt], [text]).speedup
+    assert all(x <= orc + 1e-9 for x in want)  # told another clock, still charged by the curve
 
 
 def test_geomean_and_labels():
