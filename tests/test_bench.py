@@ -100,6 +100,8 @@ def test_short_real_bench(real_backend):
     # the oracle's verify costs were timed after each of the two rounds, the median kept
     charged = [s for s in said if "oracle charged" in s]
     assert len(charged) == 1 and "the median of 2 timings (one after each round) (1:1.00x" in charged[0]
+    assert [s for s in said if "timing the verify costs" in s] == [
+        f"loop: timing the verify costs after round {r} (for the oracle)" for r in (1, 2)]
     assert [r.cell.name for r in runs] == ["off", "ngram", "auto", "auto", "ngram", "off"]
     assert runs[-1].identical  # plain decoding is deterministic
     assert oracles["loop"] >= 1.0

@@ -272,8 +272,8 @@ def run_bench(backend: Model, workloads: dict[str, list[list[int]]], cells: Sequ
     """Run every (workload, cell) ``repeat`` times, alternating cells within each round; also return
     each workload's oracle speedup on its first plain output (charged by verify costs timed after
     the workload's prompt and half that output, see :func:`measure_cost_curve_after`, once after each
-    round: the median of those timings). ``on_run`` is
-    called with each run as soon as it finishes (the CSV writes its row there). ``replays``, when
+    round: the median of those timings). ``on_run`` is called with each run as soon as it finishes
+    (the CSV writes its row there). ``replays``, when
     given, is filled with each (workload, cell label)'s same-text replay (:func:`replayed_speedups`;
     under sampling too: a position's random number depends only on the seed and the position, so a
     draft is accepted exactly where it equals the plain sampled text).
@@ -343,6 +343,8 @@ def run_bench(backend: Model, workloads: dict[str, list[list[int]]], cells: Sequ
             if reference is not None:
                 # charged as this workload's steps were: verifies timed after its prompt and half its
                 # answer, once after every round, the median kept (:func:`median_curve`)
+                if progress:  # some seconds on a 1.5B
+                    progress(f"{wname}: timing the verify costs after round {r + 1} (for the oracle)")
                 timings.append(measure_cost_curve_after(backend, steps_context(requests, reference)))
         if timings and reference is not None:
             curve = median_curve(timings, timings[0].label + (
