@@ -127,15 +127,17 @@ def median_curve(curves: Sequence[CostCurve], label: str = "") -> CostCurve:
 
     Why: one timing on a shared machine is a lottery. Four timings of the 1.5B's verifies after the
     same copy_edit context, minutes apart, read an 8-token verify as 2.07, 2.24, 2.25 and 2.45
-    decodes, and the hindsight oracle charged by them as 2.32x, 2.23x, 2.23x and 2.18x. The shapes are taken
-    relative so that a timing made while the whole machine ran slower weighs only through its shape.
+    decodes, and the hindsight oracle charged by them as 2.32x, 2.23x, 2.23x and 2.18x. The shapes
+    are taken relative so that a timing made while the whole machine ran slower weighs only through
+    its shape.
     """
     if not curves:
         raise ValueError("a median of cost curves needs at least one curve")
     n = min(len(c.seconds) for c in curves)
     plain = statistics.median(c.seconds[0] for c in curves)
-    rel = [statistics.median(c.seconds[i] / c.seconds[0] for c in curves) for i in range(n)]
-    return CostCurve(tuple(plain * r for r in rel), label or curves[0].label)
+    shapes = [c.relative(n) for c in curves]
+    return CostCurve(tuple(plain * statistics.median(s[i] for s in shapes) for i in range(n)),
+                     label or curves[0].label)
 
 
 def as_curve(values: Sequence[float], label: str = "") -> CostCurve:
