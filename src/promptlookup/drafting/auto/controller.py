@@ -17,8 +17,9 @@ happened to go well first (one 7-token draft that held 5 priced 7 at 0.84 for th
 256-token copy, which then went out 5 at a time where 8 held). Plain steps are still taken now and
 then (:data:`PLAIN_EVERY`) so the plain baseline stays measured, early in a run only where the
 verifies contradict the load-time curve (:meth:`AutoDrafter.curve_holds`), and a source that has not
-won for a while is asked only every :data:`PROBE_EVERY` steps, since asking costs time too. Where two
-sources' drafts part, the one after the shorter match is sent only up to there (:func:`parting`).
+won for a while is asked only every :data:`PROBE_EVERY` steps until the next request, since asking
+costs time too. Where two sources' drafts part, the one after the shorter match is sent only up to
+there (:func:`parting`).
 """
 
 from __future__ import annotations
@@ -169,6 +170,7 @@ class AutoDrafter:
         for i, s in enumerate(self.sources):
             self._tell(i)  # a source that records a request when the next one starts sees all of it
             s.reset(prompt)
+        self._idle = [0] * len(self.sources)  # a new text: every source is asked again from its start
         self._stream = []
         self._told = [0] * len(self.sources)
         self._pending = []
