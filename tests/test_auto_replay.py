@@ -89,6 +89,29 @@ def test_geomean_and_labels():
     assert auto_replay.label(str(_SCRIPT)) == "auto_replay"
 
 
+
+def test_an_after_prompt_curve_is_the_median_of_its_timings():
+    from promptlookup.costcurve import CostCurve
+
+    timings = iter([CostCurve((0.10, 0.11, 0.25), "t1"),  # a noisy, cheap 2-token verify
+                    CostCurve((0.20, 0.24, 0.30), "t2"),  # the whole machine slower
+                    CostCurve((0.11, 0.132, 0.165), "t3")])
+    curve = auto_replay.median_after(lambda: next(timings))
+    # plain: the median decode (0.11); each width: the median relative cost (1.2 and 1.5) times it
+    assert curve.seconds == pytest.approx((0.11, 0.132, 0.165))
+    assert curve.label == "t1"
+    assert auto_replay.AFTER_TIMINGS == 3
+    with pytest.raises(ValueError, match="at least one timing"):
+        auto_replay.median_after(lambda: next(timings), 0)
+
+
+def test_which_cached_items_are_timed_again():
+    assert auto_replay.needs_timing({"outputs": [[1]]}, retime=False)  # no curve yet: always
+    once = {"curve_after": [0.1, 0.2]}  # a cache from before the median: one timing
+    assert not auto_replay.needs_timing(once, retime=False)
+    assert auto_replay.needs_timing(once, retime=True)
+    assert not auto_replay.needs_timing({**once, "curve_after_timings": 3}, retime=True)
+
 _REGRET = Path(__file__).resolve().parents[1] / "benchmarks" / "auto_regret.py"
 _rspec = importlib.util.spec_from_file_location("auto_regret", _REGRET)
 auto_regret = importlib.util.module_from_spec(_rspec)
