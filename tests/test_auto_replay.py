@@ -89,7 +89,6 @@ def test_geomean_and_labels():
     assert auto_replay.label(str(_SCRIPT)) == "auto_replay"
 
 
-
 def test_an_after_prompt_curve_is_the_median_of_its_timings():
     from promptlookup.costcurve import CostCurve
 
@@ -111,6 +110,7 @@ def test_which_cached_items_are_timed_again():
     assert not auto_replay.needs_timing(once, retime=False)
     assert auto_replay.needs_timing(once, retime=True)
     assert not auto_replay.needs_timing({**once, "curve_after_timings": 3}, retime=True)
+
 
 _REGRET = Path(__file__).resolve().parents[1] / "benchmarks" / "auto_regret.py"
 _rspec = importlib.util.spec_from_file_location("auto_regret", _REGRET)

@@ -453,33 +453,35 @@ def test_a_source_that_never_wins_is_asked_only_now_and_then():
     assert auto.calibration.asked == 16 + 8
 
 
-
 def test_a_new_request_asks_every_source_again_from_its_first_step():
     # A source idle through one answer (nothing it offered was worth sending) may hold the next one
     # whole: on the 1.5B's session, the suffix tree went unasked in the second answer's first steps
     # (it had idled through the first) and the copy started four steps late in some replays.
     steep = [1.0, 1.74, 2.08, 2.46, 3.10]
     rec = Scripted([(99,)] * 400)
-    asked = []
+    step, asked = [0], []
     original = rec.propose
 
     def counting(k):
-        asked.append(auto._step)
+        asked.append(step[0])
         return original(k)
 
     rec.propose = counting
     auto = AutoDrafter([rec], steep, max_draft=4, model=AcceptanceModel(prior_mean=0.3))
     auto.reset([0])
     for t in range(40):
+        step[0] += 1
         auto.propose(4)
         auto.extend([t])
     assert asked[-1] == 40 and asked[-2] == 32  # idle: asked every 8th step by now
     auto.reset([1])
     first = len(asked)
     for t in range(5):
+        step[0] += 1
         auto.propose(4)
         auto.extend([t])
     assert asked[first:] == [41, 42, 43, 44, 45]  # every step of the new request (was 48 only)
+
 
 def test_a_length_that_once_fell_short_is_not_priced_down_for_the_rest_of_a_copy():
     # The text counts up; every proposal offers the next 8 tokens, but the one made after token 14 is
