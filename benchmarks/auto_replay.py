@@ -38,6 +38,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,7 +66,7 @@ def median_after(measure: Callable[[], CostCurve], timings: int = AFTER_TIMINGS)
     if timings < 1:
         raise ValueError(f"an after-prompt curve needs at least one timing, got {timings}")
     curves = [measure() for _ in range(timings)]
-    return median_curve(curves, curves[0].label)
+    return median_curve(curves)  # labelled as the first timing
 
 
 def needs_timing(item: dict, retime: bool) -> bool:
@@ -117,8 +118,8 @@ def plain_outputs(model: str, files: list[Path], n: int, n_ctx: int, threads: in
             item = out["items"][f.stem] = {"requests": requests, "outputs": outputs}
         if needs_timing(item, retime):
             context = bench.steps_context(item["requests"], item["outputs"])
-            item["curve_after"] = list(median_after(lambda c=context: measure_cost_curve_after(backend, c))
-                                       .seconds)
+            curve = median_after(partial(measure_cost_curve_after, backend, context))
+            item["curve_after"] = list(curve.seconds)
             item["curve_after_timings"] = AFTER_TIMINGS
         print(f"auto_replay: {label(model)} [{i + 1}/{len(files)}] {f.stem}: "
               f"{sum(map(len, item['outputs']))} tokens, curve after the prompt (median of "
