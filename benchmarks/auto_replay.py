@@ -21,6 +21,11 @@ ran), and by ``--curve FILE`` (``promptlookup curve -o``: another machine's curv
 A multi-request workload (``=== next request ===``) is replayed in order and the last request
 reported, as ``promptlookup bench`` does.
 
+``--foreknown`` adds ``auto`` with its acceptance rates known in advance
+(:func:`foreknown_speedup`): the ceiling of its pricing, between the oracle and ``auto``. Where
+``auto`` reaches it, what it lacks is not learning but a feature that tells the drafts that hold from
+those that fail.
+
 ``--perturb S`` replays each item S more times with ``auto`` told the step times a live run might
 measure (:func:`promptlookup.measure.bench.perturbed_speedup`) and reports their mean and range: one
 replay is chaotic (an early plain probe moves every later step), so a change to the controller is
@@ -46,7 +51,8 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from promptlookup.chat import chat_tokens  # noqa: E402
 from promptlookup.costcurve import CostCurve, median_curve  # noqa: E402
-from promptlookup.drafting.spec import Run, SourceSpec  # noqa: E402
+from promptlookup.drafting.auto.controller import AutoDrafter  # noqa: E402
+from promptlookup.drafting.spec import Run, SourceSpec, build_source  # noqa: E402
 from promptlookup.errors import UsageError  # noqa: E402
 from promptlookup.fileio import atomic_write_text  # noqa: E402
 from promptlookup.measure import bench  # noqa: E402
@@ -76,6 +82,37 @@ def needs_timing(item: dict, retime: bool) -> bool:
     if "curve_after" not in item:
         return True
     return retime and item.get("curve_after_timings", 1) < AFTER_TIMINGS
+
+
+FOREKNOWN = "auto, rates foreknown"
+
+
+class ForeknownAuto(AutoDrafter):
+    """``auto`` pricing by rates it was given (:meth:`AcceptanceModel.frozen`) at face value: no
+    realized/predicted ratios, which correct estimates learned from few drafts, and there are none."""
+
+    def choice_ratio(self, source: str, match_len: int) -> float:
+        return 1.0
+
+
+def foreknown_speedup(run: Run, curve: CostCurve, requests: list[list[int]], outputs: list[list[int]],
+                      told: Callable[[int], float] | None = None) -> float:
+    """``auto``'s replay with its acceptance rates known before it starts: a first replay learns
+    them over the whole session, a second prices every step by them, frozen, told the step seconds
+    ``told`` (default: what ``curve`` charges). The ceiling of ``auto``'s pricing by (source, match
+    bucket, position).
+
+    Why: ``auto`` short of its hindsight oracle is either learning too slowly or pricing by buckets
+    that cannot tell this text's good drafts from its bad ones; the hindsight oracle, which knows
+    each draft's outcome, cannot say which. On the 1.5B's copy_edit (a new docstring, then the
+    copied body) ``auto`` replayed at 83.2% of the oracle and with the rates foreknown at 82.9%."""
+    spec = SourceSpec("auto")
+    learner = build_source(spec, run)
+    bench.replayed_source(learner, spec.draft, curve, requests, outputs)
+    fresh = build_source(spec, run)
+    drafter = ForeknownAuto(fresh.sources, fresh.rel_cost, max_draft=fresh.max_draft,
+                            model=learner.model.frozen(), margin=fresh.margin, plain_s=fresh.plain_s)
+    return bench.replayed_source(drafter, spec.draft, curve, requests, outputs, told)
 
 
 def label(model: str) -> str:
@@ -149,6 +186,8 @@ def main() -> int:
                     help="replay on this cost curve file too (promptlookup curve -o), besides the model's")
     ap.add_argument("--perturb", type=int, default=0, metavar="S",
                     help="replay each item S more times on perturbed step times; report their mean and range")
+    ap.add_argument("--foreknown", action="store_true",
+                    help="add auto with its acceptance rates known in advance (the ceiling of its pricing)")
     ap.add_argument("--retime", action="store_true",
                     help=f"time again the after-prompt curves that cached items timed fewer than "
                          f"{AFTER_TIMINGS} times (their median is kept)")
@@ -164,15 +203,18 @@ def main() -> int:
     except UsageError as exc:
         raise SystemExit(f"auto_replay: {exc}") from None
     share = "share; range of the perturbed replays" if args.perturb else "share"
-    head = "| model | curve | item | oracle | " + " | ".join(f"{c} ({share})" for c in cells) + " |"
-    lines = [head, "|" + "---|" * (4 + len(cells))]
+    head = "| model | curve | item | oracle | " + " | ".join(f"{c} ({share})" for c in cells)
+    columns = [*cells, FOREKNOWN] if args.foreknown else cells
+    if args.foreknown:
+        head += f" | {FOREKNOWN} ({share})"
+    lines = [head + " |", "|" + "---|" * (4 + len(columns))]
     for model in args.model:
         data = plain_outputs(model, files, args.n, args.ctx, args.threads, args.temp, args.seed,
                              args.retime)
         own = CostCurve(tuple(data["curve"]))
         for cname, given in [("own", own), ("after prompt", None), *curves]:
-            speeds: dict[str, list[float]] = {c: [] for c in cells}
-            costs = {c: 0.0 for c in cells}
+            speeds: dict[str, list[float]] = {c: [] for c in columns}
+            costs = {c: 0.0 for c in columns}
             oracle_cost = 0.0
             # "after prompt": each item charged as live, by its curve after its prompt, with auto
             # starting from the load-time curve, as it does live
@@ -195,9 +237,18 @@ def main() -> int:
                     speeds[c].append(x)
                     costs[c] += orc.plain_cost / x
                     row.append(cell)
+                if args.foreknown:
+                    args_ = (run, curve, item["requests"], item["outputs"])
+                    xs = [foreknown_speedup(*args_, bench.perturbed_clock(run, curve, seed))
+                          for seed in range(args.perturb)] or [foreknown_speedup(*args_)]
+                    x = statistics.mean(xs)
+                    speeds[FOREKNOWN].append(x)
+                    costs[FOREKNOWN] += orc.plain_cost / x
+                    row.append(f"{x:.3f}x ({x / orc.speedup:.0%}" + (f"; {min(xs) / orc.speedup:.0%}-"
+                               f"{max(xs) / orc.speedup:.0%})" if args.perturb else ")"))
                 lines.append("| " + " | ".join(row) + " |")
             summary = [label(model), cname, "**geomean; cost-weighted share**", ""]
-            summary += [f"**{geomean(speeds[c]):.3f}x**; {oracle_cost / costs[c]:.1%}" for c in cells]
+            summary += [f"**{geomean(speeds[c]):.3f}x**; {oracle_cost / costs[c]:.1%}" for c in columns]
             lines.append("| " + " | ".join(summary) + " |")
     table = "\n".join(lines)
     print(table)

@@ -83,6 +83,31 @@ def test_benchs_replay_of_auto_is_the_mean_of_its_perturbed_replays():
     assert all(x <= orc + 1e-9 for x in want)  # told another clock, still charged by the curve
 
 
+def test_perturbed_replay_is_the_replay_told_the_perturbed_clock():
+    prompt, text = [1, 2, 3, *WORDS[:60], 7, 8, *WORDS[60:100]], [*WORDS[:60], 9, *WORDS[60:100]]
+    auto = SourceSpec.parse("auto")
+    told = bench.perturbed_clock(RUN, CURVE, 4)
+    assert perturbed_speedup(auto, RUN, CURVE, [prompt], [text], 4) == replayed_speedup(
+        auto, RUN, CURVE, [prompt], [text], told)
+
+
+def test_foreknown_rates_price_a_copy_from_its_first_step():
+    # The answer copies a passage of the prompt with two edits: learned, auto ramps up from the bucket
+    # priors; with the rates of the whole answer known it sends long drafts at once.
+    prompt = [1, 2, 3, *WORDS[:100], 4, 5]
+    text = [*WORDS[:40], 240, *WORDS[41:80], 241, *WORDS[81:100]]
+    args = (RUN, CURVE, [prompt], [text])
+    learned = replayed_speedup(SourceSpec.parse("auto"), *args)
+    foreknown = auto_replay.foreknown_speedup(*args)
+    orc = oracle_on(*args).speedup
+    assert learned < foreknown <= orc + 1e-9
+    assert (learned, foreknown, orc) == pytest.approx((2.861271676300578, 2.9819277108433724,
+                                                       3.193548387096774))
+    # told a perturbed clock, still charged by the curve; deterministic for a seed
+    told = [auto_replay.foreknown_speedup(*args, bench.perturbed_clock(RUN, CURVE, 2)) for _ in range(2)]
+    assert told[0] == told[1] <= orc + 1e-9
+
+
 def test_geomean_and_labels():
     assert auto_replay.geomean([2.0, 8.0]) == pytest.approx(4.0)
     assert auto_replay.label("qwen2.5-coder-1.5b") == "qwen2.5-coder-1.5b"  # not cut at ".5b"

@@ -212,10 +212,17 @@ def replayed_speedup(spec: SourceSpec, run: Run, curve: CostCurve, requests: Seq
     """One source spec's same-text replay on the last request (see :func:`replayed_speedups`), from
     what a run has (no backend): a fresh source, run over the earlier requests first. ``told``: the
     seconds the source is told each step took (default: what ``curve`` charges)."""
+    source = build_source(spec, run)
+    return replayed_source(source, spec.draft if source is not None else 1, curve, requests, outputs, told)
+
+
+def replayed_source(source: DraftSource | None, draft: int, curve: CostCurve,
+                    requests: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
+                    told: Callable[[int], float] | None = None) -> float:
+    """:func:`replayed_speedup` of a source already built (``None``: plain decoding), which keeps
+    what it learned over the replay."""
     from promptlookup.measure.simulate import simulate
 
-    source = build_source(spec, run)
-    draft = spec.draft if source is not None else 1
     speedup = 1.0
     for i, (prompt, text) in enumerate(zip(requests, outputs, strict=True)):
         speedup = simulate(prompt, text, source, draft, curve, told=told).speedup
@@ -236,13 +243,19 @@ def perturbed_speedup(spec: SourceSpec, run: Run, curve: CostCurve, requests: Se
     than 1.25x slower than the load-time curve) moved every later step and the replay from 84.2% of
     the oracle to 77.5%, with the controller's time estimates at the end within 0.02 decodes of each
     other; a mean over such replays is what a change to the controller is judged on."""
+    return replayed_speedup(spec, run, curve, requests, outputs, perturbed_clock(run, curve, seed))
+
+
+def perturbed_clock(run: Run, curve: CostCurve, seed: int) -> Callable[[int], float]:
+    """The step seconds :func:`perturbed_speedup` tells its source, by verify width (one draw of
+    the machine's speed, then each step's noise): deterministic for a seed."""
     rng = random.Random(seed)
     scale = rng.uniform(*PERTURB_SCALE) * run.curve().cost(1) / curve.cost(1)
 
     def told(width: int) -> float:
         return curve.cost(width) * scale * math.exp(rng.gauss(0.0, PERTURB_NOISE))
 
-    return replayed_speedup(spec, run, curve, requests, outputs, told)
+    return told
 
 
 def workload_files(paths: Sequence[str | Path], every: int = 1) -> list[Path]:

@@ -9,6 +9,7 @@ not sent) is scored against the tokens that actually follow (:mod:`promptlookup.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -64,6 +65,8 @@ class AcceptanceModel:
         self.prior_mean = tuple(prior_mean)
         self.prior_strength = prior_strength
         self.pool_strength = pool_strength
+        self.conservative_z = CONSERVATIVE_Z
+        self.learning = True
         self._cells: dict[tuple[str, int, int], _Beta] = {}
         self._pools: dict[tuple[str, int], _Beta] = {}
         self._expected: dict[tuple[str, int], list[float]] = {}
@@ -87,7 +90,7 @@ class AcceptanceModel:
         cell = self._cells.get((source, bucket, min(position, MAX_POSITIONS - 1)), _Beta())
         n = cell.trials + self.pool_strength
         mean = (cell.hits + base * self.pool_strength) / n
-        return max(0.0, mean - CONSERVATIVE_Z * math.sqrt(mean * (1.0 - mean) / (n + 1.0)))
+        return max(0.0, mean - self.conservative_z * math.sqrt(mean * (1.0 - mean) / (n + 1.0)))
 
     def p(self, source: str, match_len: int, position: int) -> float:
         """Conditional acceptance of the token at ``position`` (0-based) of a draft."""
@@ -105,10 +108,25 @@ class AcceptanceModel:
             self._expected[(source, bucket)] = e
         return e
 
+    def frozen(self) -> AcceptanceModel:
+        """A copy that learns nothing more and judges at face value (no :data:`CONSERVATIVE_Z`):
+        after a whole answer was observed, its rates known before the answer starts. ``auto``
+        pricing by it is the ceiling of this model's pricing on that answer
+        (``benchmarks/auto_replay.py --foreknown``), which tells a controller that falls short of
+        its hindsight oracle from a text whose buckets cannot tell the drafts that hold from those
+        that fail."""
+        out = copy.deepcopy(self)
+        out.conservative_z = 0.0
+        out.learning = False
+        out._expected.clear()
+        return out
+
     def carry_over(self, max_trials: float) -> None:
         """A new request is a new text: keep every estimate's mean, but worth at most
         ``max_trials`` observations, so this request's own outcomes take over within a few drafts
         (a source that drafted well on the last answer can fail on every draft of this one)."""
+        if not self.learning:
+            return
         for beta in (*self._cells.values(), *self._pools.values()):
             if beta.trials > max_trials:
                 f = max_trials / beta.trials
@@ -126,6 +144,8 @@ class AcceptanceModel:
         pending draft's hits as soon as they are confirmed, not when the whole draft is decided: a
         draft of 8 sent 4 tokens at a time is decided two steps later, and a copy would otherwise
         be judged on what was known two steps ago."""
+        if not self.learning:
+            return
         bucket = match_bucket(match_len)
         for b in range(bucket, len(MATCH_BUCKETS)):  # this bucket's rate is the prior of those above
             self._expected.pop((source, b), None)
