@@ -22,9 +22,7 @@ A multi-request workload (``=== next request ===``) is replayed in order and the
 reported, as ``promptlookup bench`` does.
 
 ``--foreknown`` adds ``auto`` with its acceptance rates known in advance
-(:func:`foreknown_speedup`): the ceiling of its pricing, between the oracle and ``auto``. Where
-``auto`` reaches it, what it lacks is not learning but a feature that tells the drafts that hold from
-those that fail.
+(:func:`foreknown_speedup`): what learning them costs, and what is left to the oracle without it.
 
 ``--perturb S`` replays each item S more times with ``auto`` told the step times a live run might
 measure (:func:`promptlookup.measure.bench.perturbed_speedup`) and reports their mean and range: one
@@ -87,31 +85,24 @@ def needs_timing(item: dict, retime: bool) -> bool:
 FOREKNOWN = "auto, rates foreknown"
 
 
-class ForeknownAuto(AutoDrafter):
-    """``auto`` pricing by rates it was given (:meth:`AcceptanceModel.frozen`) at face value: no
-    realized/predicted ratios, which correct estimates learned from few drafts, and there are none."""
-
-    def choice_ratio(self, source: str, match_len: int) -> float:
-        return 1.0
-
-
 def foreknown_speedup(run: Run, curve: CostCurve, requests: list[list[int]], outputs: list[list[int]],
                       told: Callable[[int], float] | None = None) -> float:
     """``auto``'s replay with its acceptance rates known before it starts: a first replay learns
-    them over the whole session, a second prices every step by them, frozen, told the step seconds
-    ``told`` (default: what ``curve`` charges). The ceiling of ``auto``'s pricing by (source, match
-    bucket, position).
+    them over the whole session, a second judges every step by them, frozen
+    (:meth:`~promptlookup.drafting.auto.acceptance.AcceptanceModel.frozen`), told the step seconds
+    ``told`` (default: what ``curve`` charges). Everything else, the conservative judgement and the
+    realized/predicted ratios among it, is the controller's own.
 
-    Why: ``auto`` short of its hindsight oracle is either learning too slowly or pricing by buckets
-    that cannot tell this text's good drafts from its bad ones; the hindsight oracle, which knows
-    each draft's outcome, cannot say which. On the 1.5B's copy_edit (a new docstring, then the
-    copied body) ``auto`` replayed at 83.2% of the oracle and with the rates foreknown at 82.9%."""
+    Why: ``auto`` short of its hindsight oracle is either learning this text's rates too slowly or
+    pricing by buckets that cannot tell its good drafts from its bad ones, and the oracle, which
+    knows each draft's outcome, cannot say which. Between ``auto`` and this replay lies what
+    learning costs; between this and the oracle, what the buckets cannot tell."""
     spec = SourceSpec("auto")
     learner = build_source(spec, run)
     bench.replayed_source(learner, spec.draft, curve, requests, outputs)
     fresh = build_source(spec, run)
-    drafter = ForeknownAuto(fresh.sources, fresh.rel_cost, max_draft=fresh.max_draft,
-                            model=learner.model.frozen(), margin=fresh.margin, plain_s=fresh.plain_s)
+    drafter = AutoDrafter(fresh.sources, fresh.rel_cost, max_draft=fresh.max_draft,
+                          model=learner.model.frozen(), margin=fresh.margin, plain_s=fresh.plain_s)
     return bench.replayed_source(drafter, spec.draft, curve, requests, outputs, told)
 
 
@@ -187,7 +178,7 @@ def main() -> int:
     ap.add_argument("--perturb", type=int, default=0, metavar="S",
                     help="replay each item S more times on perturbed step times; report their mean and range")
     ap.add_argument("--foreknown", action="store_true",
-                    help="add auto with its acceptance rates known in advance (the ceiling of its pricing)")
+                    help="add auto with its acceptance rates known in advance (what learning them costs)")
     ap.add_argument("--retime", action="store_true",
                     help=f"time again the after-prompt curves that cached items timed fewer than "
                          f"{AFTER_TIMINGS} times (their median is kept)")

@@ -65,7 +65,6 @@ class AcceptanceModel:
         self.prior_mean = tuple(prior_mean)
         self.prior_strength = prior_strength
         self.pool_strength = pool_strength
-        self.conservative_z = CONSERVATIVE_Z
         self.learning = True
         self._cells: dict[tuple[str, int, int], _Beta] = {}
         self._pools: dict[tuple[str, int], _Beta] = {}
@@ -90,7 +89,7 @@ class AcceptanceModel:
         cell = self._cells.get((source, bucket, min(position, MAX_POSITIONS - 1)), _Beta())
         n = cell.trials + self.pool_strength
         mean = (cell.hits + base * self.pool_strength) / n
-        return max(0.0, mean - self.conservative_z * math.sqrt(mean * (1.0 - mean) / (n + 1.0)))
+        return max(0.0, mean - CONSERVATIVE_Z * math.sqrt(mean * (1.0 - mean) / (n + 1.0)))
 
     def p(self, source: str, match_len: int, position: int) -> float:
         """Conditional acceptance of the token at ``position`` (0-based) of a draft."""
@@ -109,16 +108,11 @@ class AcceptanceModel:
         return e
 
     def frozen(self) -> AcceptanceModel:
-        """A copy that learns nothing more and judges at face value (no :data:`CONSERVATIVE_Z`):
-        after a whole answer was observed, its rates known before the answer starts. ``auto``
-        pricing by it is the ceiling of this model's pricing on that answer
-        (``benchmarks/auto_replay.py --foreknown``), which tells a controller that falls short of
-        its hindsight oracle from a text whose buckets cannot tell the drafts that hold from those
-        that fail."""
+        """A copy that learns nothing more: after a whole answer was observed, its rates known
+        before the answer starts. ``auto`` judging by it shows what learning the rates costs on that
+        answer (``benchmarks/auto_replay.py --foreknown``)."""
         out = copy.deepcopy(self)
-        out.conservative_z = 0.0
         out.learning = False
-        out._expected.clear()
         return out
 
     def carry_over(self, max_trials: float) -> None:
