@@ -229,9 +229,9 @@ def main() -> int:
                     costs[c] += orc.plain_cost / x
                     row.append(cell)
                 if args.foreknown:
-                    args_ = (run, curve, item["requests"], item["outputs"])
-                    xs = [foreknown_speedup(*args_, bench.perturbed_clock(run, curve, seed))
-                          for seed in range(args.perturb)] or [foreknown_speedup(*args_)]
+                    replay = partial(foreknown_speedup, run, curve, item["requests"], item["outputs"])
+                    xs = [replay(bench.perturbed_clock(run, curve, seed))
+                          for seed in range(args.perturb)] or [replay()]
                     x = statistics.mean(xs)
                     speeds[FOREKNOWN].append(x)
                     costs[FOREKNOWN] += orc.plain_cost / x

@@ -77,7 +77,7 @@ def test_a_frozen_model_learns_nothing_more():
     p, e = [m.p("ngram", 9, 0), m.p("ngram", 9, 1)], m.expected("ngram", 9, 2)[:3]
     assert [f.p("ngram", 9, 0), f.p("ngram", 9, 1)] == p and f.expected("ngram", 9, 2)[:3] == e
     f.observe("ngram", 9, n_drafted=4, n_accepted=0)
-    f.observe("ngram", 16, n_drafted=4, n_accepted=4)  # nor from a bucket below or above
+    f.observe("ngram", 16, n_drafted=4, n_accepted=4)  # nor from a longer match
     f.carry_over(1.0)
     assert [f.p("ngram", 9, 0), f.p("ngram", 9, 1)] == p and f.expected("ngram", 9, 2)[:3] == e
     m.observe("ngram", 9, n_drafted=4, n_accepted=0)  # the model it was copied from still learns
