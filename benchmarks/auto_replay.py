@@ -98,11 +98,10 @@ def foreknown_speedup(run: Run, curve: CostCurve, requests: list[list[int]], out
     knows each draft's outcome, cannot say which. Between ``auto`` and this replay lies what
     learning costs; between this and the oracle, what the buckets cannot tell."""
     spec = SourceSpec("auto")
-    learner = build_source(spec, run)
+    learner: AutoDrafter = build_source(spec, run)
     bench.replayed_source(learner, spec.draft, curve, requests, outputs)
-    fresh = build_source(spec, run)
-    drafter = AutoDrafter(fresh.sources, fresh.rel_cost, max_draft=fresh.max_draft,
-                          model=learner.model.frozen(), margin=fresh.margin, plain_s=fresh.plain_s)
+    drafter: AutoDrafter = build_source(spec, run)  # fresh sources and times, the learner's rates
+    drafter.model = learner.model.frozen()
     return bench.replayed_source(drafter, spec.draft, curve, requests, outputs, told)
 
 
@@ -215,28 +214,21 @@ def main() -> int:
                 orc = bench.oracle_on(run, curve, item["requests"], item["outputs"])
                 oracle_cost += orc.cost
                 row = [label(model), cname, name, f"{orc.speedup:.3f}x"]
-                for c in cells:
-                    if args.perturb:
-                        xs = [bench.perturbed_speedup(specs[c], run, curve, item["requests"], item["outputs"],
-                                                      seed) for seed in range(args.perturb)]
-                        x = statistics.mean(xs)
-                        cell = (f"{x:.3f}x ({x / orc.speedup:.0%}; {min(xs) / orc.speedup:.0%}-"
-                                f"{max(xs) / orc.speedup:.0%})")
-                    else:
-                        x = bench.replayed_speedup(specs[c], run, curve, item["requests"], item["outputs"])
-                        cell = f"{x:.3f}x ({x / orc.speedup:.0%})"
-                    speeds[c].append(x)
-                    costs[c] += orc.plain_cost / x
-                    row.append(cell)
+                # each column's replay, told the step seconds the curve charges or perturbed clocks
+                texts = (run, curve, item["requests"], item["outputs"])
+                replays = {c: partial(bench.replayed_speedup, specs[c], *texts) for c in cells}
                 if args.foreknown:
-                    replay = partial(foreknown_speedup, run, curve, item["requests"], item["outputs"])
+                    replays[FOREKNOWN] = partial(foreknown_speedup, *texts)
+                for c, replay in replays.items():
                     xs = [replay(bench.perturbed_clock(run, curve, seed))
                           for seed in range(args.perturb)] or [replay()]
                     x = statistics.mean(xs)
-                    speeds[FOREKNOWN].append(x)
-                    costs[FOREKNOWN] += orc.plain_cost / x
-                    row.append(f"{x:.3f}x ({x / orc.speedup:.0%}" + (f"; {min(xs) / orc.speedup:.0%}-"
-                               f"{max(xs) / orc.speedup:.0%})" if args.perturb else ")"))
+                    speeds[c].append(x)
+                    costs[c] += orc.plain_cost / x
+                    of_oracle = f"{x / orc.speedup:.0%}"
+                    if args.perturb:
+                        of_oracle += f"; {min(xs) / orc.speedup:.0%}-{max(xs) / orc.speedup:.0%}"
+                    row.append(f"{x:.3f}x ({of_oracle})")
                 lines.append("| " + " | ".join(row) + " |")
             summary = [label(model), cname, "**geomean; cost-weighted share**", ""]
             summary += [f"**{geomean(speeds[c]):.3f}x**; {oracle_cost / costs[c]:.1%}" for c in columns]
