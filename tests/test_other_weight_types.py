@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from test_batch_invariance import WORKLOADS, requires_invariant
 
-#: (name, llama.cpp's file type, the tensor types the file must hold: what the test covers)
+#: name -> (llama.cpp's file type, the tensor types the file must hold: what the test covers)
 MIXES = {
     "q5_k_m": (17, {"F32": 121, "Q8_0": 13, "Q5_1": 133, "Q6_K": 12, "Q5_K": 12}),
     "q2_k": (10, {"F32": 121, "Q8_0": 1, "Q4_0": 121, "Q5_0": 24, "Q3_K": 24}),
@@ -51,7 +51,7 @@ def tensor_types(path: Path) -> dict[str, int]:
 
 @pytest.fixture(scope="module", params=sorted(MIXES))
 def mix(request, tmp_path_factory):
-    """(name, path, backend on two threads) of the 0.5B requantized into one mix."""
+    """(name, path, backend) of the 0.5B requantized into one mix."""
     from conftest import installed_model_path
 
     from promptlookup.backends.llama_cpp import LlamaCppBackend
