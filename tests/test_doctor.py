@@ -213,7 +213,7 @@ def test_smoke_only_exit_status_tells_a_bad_build_from_a_stopped_test(tmp_path, 
     assert capsys.readouterr().out.startswith("smoke test " + ("passed" if code == 0 else "failed"))
 
 
-SAFE_INFO = "CPU : SSE3 = 1 | AVX2 = 1 | FMA = 1 | OPENMP = 1 | FA_ONE_PATH = 1 | MUL_MAT_COLS = 1 | "
+SAFE_INFO = "CPU : SSE3 = 1 | AVX2 = 1 | FMA = 1 | OPENMP = 1 | FA_ONE_PATH = 1 | MUL_MAT_COLS = 2 | "
 UPSTREAM_INFO = "CPU : AVX2 = 1 | FMA = 1 | AMX_INT8 = 1 | LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 | "
 WARNING = ("promptlookup: warning: this llama-cpp-python is not promptlookup's safe build ({}): speculative "
            "output may differ from --speculate off, and upstream's build dies by SIGILL on AMX CPUs; run "
@@ -257,3 +257,29 @@ def test_the_doctor_says_whether_the_build_is_ours(tmp_path, monkeypatch, info, 
     lines: list[str] = []
     assert doctor.run_doctor(None, None, False, out=lines.append) == 0
     assert [x for x in lines if x.startswith("llama-cpp-python build:")] == [line]
+
+
+@pytest.mark.parametrize(("marks", "line"), [
+    ("MUL_MAT_COLS = 2 | ",
+     "matmul: Q4_1, Q5_0, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K and F16 rows take up to 16 tokens at once (set-up's "
+     "patch), every result bit-identical to ggml's one-pair kernel (docs/exactness.md)"),
+    ("MUL_MAT_COLS = 1 | ",
+     "matmul: Q4_1, Q5_0, Q8_0, Q4_K, Q6_K and F16 rows take up to 16 tokens at once (an older set-up's "
+     "patch: Q3_K and Q5_K weights take ggml's one-pair kernel, exact but a verify about twice as dear; "
+     "'promptlookup setup-llama' rebuilds with their kernels)"),
+    ("", None),
+])
+def test_the_doctor_says_which_weight_types_the_column_matmul_takes(tmp_path, monkeypatch, marks, line):
+    """A build from an older set-up has the column matmul without Q3_K and Q5_K: the doctor says so and
+    how to rebuild, rather than claiming kernels the library lacks."""
+    monkeypatch.setenv("PROMPTLOOKUP_CACHE", str(tmp_path))
+    monkeypatch.setattr(doctor, "cpu_library", lambda: tmp_path / "libggml-cpu.so")
+    monkeypatch.setattr(doctor, "amx_instruction_count", lambda lib: 0)
+    monkeypatch.setattr(doctor, "library_fingerprint", lambda: None)
+    info = SAFE_INFO.replace("MUL_MAT_COLS = 2 | ", marks)
+    result = {"rows": 9, "max_rel_diff": 0.0, "argmax_agree": 9, "system_info": info, "threads": 2}
+    monkeypatch.setattr(doctor, "run_smoke_child", lambda model, threads=None, curve=False:
+                        doctor.SmokeOutcome(True, "done", result=result))
+    lines: list[str] = []
+    assert doctor.run_doctor(None, None, False, out=lines.append) == 0
+    assert [x for x in lines if x.startswith("matmul:")] == ([line] if line else [])

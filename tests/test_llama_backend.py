@@ -184,7 +184,7 @@ def test_flash_attention_is_on_by_default_only_where_the_build_keeps_rows_invari
     fast_patched = "CPU : AVX2 = 1 | LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 | FA_ONE_PATH = 1 | "
     assert [one_path_flash_attention(i) for i in (patched, invariant, fast_patched)] == [True, False, False]
     # set-up's build keeps the repack, patched (REPACK_ONE_ORDER): still invariant
-    ours = ("CPU : AVX2 = 1 | OPENMP = 1 | REPACK = 1 | FA_ONE_PATH = 1 | MUL_MAT_COLS = 1 | "
+    ours = ("CPU : AVX2 = 1 | OPENMP = 1 | REPACK = 1 | FA_ONE_PATH = 1 | MUL_MAT_COLS = 2 | "
             "REPACK_ONE_ORDER = 1 | ")
     assert one_path_flash_attention(ours) is True
     assert one_path_flash_attention(ours.replace("OPENMP = 1", "LLAMAFILE = 1")) is False

@@ -303,7 +303,7 @@ def test_the_patches_force_one_flash_attention_path_and_say_so(tmp_path):
                         '        features.push_back({ "FA_ONE_PATH", "1" });  // promptlookup: see ops.cpp\n'
                         "#if defined(__AVX2__) && (defined(__x86_64__) || defined(_M_X64))  // promptlookup: "
                         "see x86 quants.c\n"
-                        '        features.push_back({ "MUL_MAT_COLS", "1" });\n'
+                        '        features.push_back({ "MUL_MAT_COLS", "2" });\n'
                         "#endif\n"
                         '        features.push_back({ "REPACK_ONE_ORDER", "1" });  // promptlookup: see '
                         "repack.cpp\n"
@@ -315,7 +315,7 @@ def test_the_patches_force_one_flash_attention_path_and_say_so(tmp_path):
     # what llama.cpp prints for those features is what the backend looks for
     from promptlookup.backends.llama_cpp import FLASH_ATTENTION_ONE_PATH, MUL_MAT_COLS
     assert lr.FA_ONE_PATH_MARK == FLASH_ATTENTION_ONE_PATH == "FA_ONE_PATH = 1"
-    assert lr.MUL_MAT_COLS_MARK == MUL_MAT_COLS == "MUL_MAT_COLS = 1"
+    assert lr.MUL_MAT_COLS_MARK == MUL_MAT_COLS == "MUL_MAT_COLS = 2"
     from promptlookup.backends.llama_cpp import REPACK_ONE_ORDER
     assert lr.REPACK_ONE_ORDER_MARK == REPACK_ONE_ORDER == "REPACK_ONE_ORDER = 1"
 

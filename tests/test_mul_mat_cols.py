@@ -1,14 +1,16 @@
 """The invariant build's column matmul (``ggml_mul_mat_cols``) against its twin, upstream's one-pair
 kernel (``ggml_vec_dot_<weights>_<activations>``), called through ctypes in the installed library, on
 real models' own weights: the bundled SmolLM2 (Q4_1, Q8_0), Qwen2.5-Coder-0.5B (Q5_0, Q8_0, Q4_K,
-Q6_K: every type of the K-quant mixes users download) and, in the marked set, the 1.5B (Q4_K, Q6_K);
-and the attention's F16 rows against F16 columns (``ggml_vec_dot_f16_cols``).
+Q6_K: every type of its official Q4_K_M file), the same model requantized by llama.cpp's quantizer into
+Q5_K_M and Q2_K (their Q5_K and Q3_K matrices: the next downloads on most model pages) and, in the
+marked set, the 1.5B (Q4_K, Q6_K); and the attention's F16 rows against F16 columns
+(``ggml_vec_dot_f16_cols``).
 
 Why bit for bit: the kernel exists to make a batch of tokens cheaper without changing a single logit.
 It does, per (row, column) pair, the operations of upstream's kernel in the same order (integer sums
 that are exact whatever their order), so every result must be equal to upstream's as an IEEE float,
 whatever the number of columns next to it and wherever the row range starts. Runs only where the
-installed llama.cpp reports ``MUL_MAT_COLS = 1`` (set-up's invariant build on x86 with AVX2); elsewhere
+installed llama.cpp reports ``MUL_MAT_COLS = 2`` (set-up's invariant build on x86 with AVX2); elsewhere
 it skips and says why.
 """
 
@@ -23,7 +25,7 @@ import numpy as np
 import pytest
 from conftest import HAVE_MODEL, installed_model_path
 
-F16, Q4_1, Q8_0, Q4_0, Q5_0, Q4_K, Q6_K = 1, 3, 8, 2, 6, 12, 14  # ggml_type values
+F16, Q4_1, Q8_0, Q4_0, Q5_0, Q3_K, Q4_K, Q5_K, Q6_K = 1, 3, 8, 2, 6, 11, 12, 13, 14  # ggml_type values
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,8 @@ class Kind:
 
 KINDS = {Q4_1: Kind("q4_1", 32, 20, "q8_1", 36), Q8_0: Kind("q8_0", 32, 34, "q8_0", 34),
          Q5_0: Kind("q5_0", 32, 22, "q8_0", 34), Q4_K: Kind("q4_K", 256, 144, "q8_K", 292),
-         Q6_K: Kind("q6_K", 256, 210, "q8_K", 292)}
+         Q6_K: Kind("q6_K", 256, 210, "q8_K", 292), Q3_K: Kind("q3_K", 256, 110, "q8_K", 292),
+         Q5_K: Kind("q5_K", 256, 176, "q8_K", 292)}
 WIDTHS = [1, 2, 3, 4, 5, 7, 8, 9, 13, 16]
 
 
@@ -87,7 +90,7 @@ def _read(path: Path, names: tuple[str, ...]) -> dict:
         kind = KINDS[int(t.tensor_type)]
         n = int(t.shape[0])
         row_bytes = n // kind.block * kind.block_bytes
-        data = np.ascontiguousarray(np.asarray(t.data, dtype=np.uint8).reshape(-1, row_bytes))
+        data = np.array(np.asarray(t.data, dtype=np.uint8).reshape(-1, row_bytes))  # a copy, not the map
         out[name] = (int(t.tensor_type), n, data)
     embd = tensors["token_embd.weight"]
     rows = np.asarray(embd.data)[:4096]  # enough distinct tokens; dequantizing all 151,936 takes seconds
@@ -111,6 +114,30 @@ def bundled():
 @pytest.fixture(scope="module")
 def qwen05():
     return _read(installed_model_path("qwen2.5-coder-0.5b"), QWEN_05)
+
+
+#: the requantized 0.5B's mixes and what each is read for: the 4864-wide feed-forward down matrices
+#: (19 super-blocks) are the only K-quant ones there (its 896-wide rows are not a multiple of 256)
+REQUANTIZED = {"q5_k_m": ("blk.3.ffn_down.weight", "blk.19.ffn_down.weight"),
+               "q2_k": ("blk.0.ffn_down.weight", "blk.23.ffn_down.weight")}
+
+
+@pytest.fixture(scope="module")
+def requantized(tmp_path_factory):
+    """mix -> the matrices of ``REQUANTIZED`` in Qwen2.5-Coder-0.5B requantized into that mix by
+    llama.cpp's own quantizer (a few seconds each, in the test's temporary folder, deleted after)."""
+    from test_other_weight_types import MIXES, requantize
+
+    source = installed_model_path("qwen2.5-coder-0.5b")
+    folder = tmp_path_factory.mktemp("requantized")
+    out = {}
+    for mix, names in REQUANTIZED.items():
+        path = requantize(source, folder / f"0.5b-{mix}.gguf", MIXES[mix][0])
+        try:
+            out[mix] = _read(path, names)
+        finally:
+            path.unlink()
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -200,6 +227,15 @@ def test_the_k_quant_mix_of_qwen_05b_is_upstreams_bit_for_bit(qwen05, name, kind
     _check_every_width(qwen05, name, nc, kind)
 
 
+@pytest.mark.parametrize("mix, name, kind", [("q5_k_m", "blk.3.ffn_down.weight", Q5_K),
+                                              ("q5_k_m", "blk.19.ffn_down.weight", Q5_K),
+                                              ("q2_k", "blk.0.ffn_down.weight", Q3_K),
+                                              ("q2_k", "blk.23.ffn_down.weight", Q3_K)])
+@pytest.mark.parametrize("nc", WIDTHS)
+def test_the_k_quants_of_other_mixes_are_upstreams_bit_for_bit(requantized, mix, name, kind, nc):
+    _check_every_width(requantized[mix], name, nc, kind)
+
+
 @pytest.mark.qwen15
 @pytest.mark.parametrize("name, kind", [("blk.0.ffn_up.weight", Q4_K), ("blk.0.attn_k.weight", Q4_K),
                                         ("blk.0.ffn_down.weight", Q6_K), ("output.weight", Q6_K)])
@@ -208,11 +244,16 @@ def test_the_k_quants_of_qwen_15b_are_upstreams_bit_for_bit(qwen15, name, kind, 
     _check_every_width(qwen15, name, nc, kind)
 
 
-@pytest.mark.parametrize("weights, name", [("bundled", "token_embd.weight"), ("qwen05", "output.weight"),
-                                           ("qwen05", "blk.0.ffn_down.weight")])
-def test_a_column_gets_the_same_bits_whatever_its_neighbours(request, weights, name):
+@pytest.mark.parametrize("weights, mix, name", [("bundled", "", "token_embd.weight"),
+                                                ("qwen05", "", "output.weight"),
+                                                ("qwen05", "", "blk.0.ffn_down.weight"),
+                                                ("requantized", "q5_k_m", "blk.3.ffn_down.weight"),
+                                                ("requantized", "q2_k", "blk.0.ffn_down.weight")])
+def test_a_column_gets_the_same_bits_whatever_its_neighbours(request, weights, mix, name):
     """One column alone, then in the middle of 16 others: the same bits on 600 rows."""
     w = request.getfixturevalue(weights)
+    if weights == "requantized":
+        w = w[mix]
     kind, n, rows, acts = _inputs(w, name, 16, seed=42)
     _, alone = _cols(kind, n, rows, acts[9:10], 0, 600)
     _, crowd = _cols(kind, n, rows, acts, 0, 600)

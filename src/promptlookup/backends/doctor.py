@@ -315,7 +315,12 @@ def run_doctor(model: str | os.PathLike[str] | None, threads: int | None, smoke_
             + "; PROMPTLOOKUP_FLASH_ATTENTION=auto turns it on for contexts up to 512 positions on "
               "set-up's patched invariant build (docs/exactness.md)")
     # constants and string checks: llama.cpp stays unloaded in this process
-    from promptlookup.backends.llama_cpp import MUL_MAT_COLS, SETUP_COMMAND, build_problem
+    from promptlookup.backends.llama_cpp import (
+        MUL_MAT_COLS,
+        MUL_MAT_COLS_WITHOUT_Q3_K_Q5_K,
+        SETUP_COMMAND,
+        build_problem,
+    )
 
     if r.get("system_info"):
         problem = build_problem(str(r["system_info"]))
@@ -325,9 +330,14 @@ def run_doctor(model: str | os.PathLike[str] | None, threads: int | None, smoke_
             f"NOT promptlookup's safe build: {problem}; speculative output may differ from --speculate off, "
             f"and upstream's build dies by SIGILL on AMX CPUs; '{SETUP_COMMAND}' installs the exact one"))
 
-    if MUL_MAT_COLS in str(r.get("system_info", "")):
-        out("matmul: Q4_1, Q5_0, Q8_0, Q4_K, Q6_K and F16 rows take up to 16 tokens at once (set-up's "
-            "patch), every result bit-identical to ggml's one-pair kernel (docs/exactness.md)")
+    info = str(r.get("system_info", ""))
+    if MUL_MAT_COLS in info:
+        out("matmul: Q4_1, Q5_0, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K and F16 rows take up to 16 tokens at once "
+            "(set-up's patch), every result bit-identical to ggml's one-pair kernel (docs/exactness.md)")
+    elif MUL_MAT_COLS_WITHOUT_Q3_K_Q5_K in info:
+        out("matmul: Q4_1, Q5_0, Q8_0, Q4_K, Q6_K and F16 rows take up to 16 tokens at once (an older "
+            "set-up's patch: Q3_K and Q5_K weights take ggml's one-pair kernel, exact but a verify about "
+            f"twice as dear; '{SETUP_COMMAND}' rebuilds with their kernels)")
     if not outcome.ok:
         out("verdict: UNHEALTHY: this llama.cpp build cannot be trusted here; rebuild with "
             "'promptlookup setup-llama' (it falls back to an AVX2-only build when the host build fails)")

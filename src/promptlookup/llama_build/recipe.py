@@ -17,9 +17,9 @@ upstream picks a KV-split reduction for a one-token decode over 512+ cells and a
 query rows, so a row's attention would depend on the batch; patched, every batch shape takes the
 one per-row path (the reference path upstream keeps for testing), and the build says so in its system
 info (``FA_ONE_PATH = 1``), which is how the backend knows it may turn flash attention on. It also adds
-a matmul of ours for Q4_1, Q5_0, Q8_0, Q4_K and Q6_K weights and for attention's F16 rows on x86
+a matmul of ours for Q4_1, Q5_0, Q8_0 and the K-quants Q3_K to Q6_K and for attention's F16 rows on x86
 (``ggml_patches/``, package data: a weight row against up to 16 tokens at once, every result
-bit-identical to upstream's one-pair kernel; ``MUL_MAT_COLS = 1``), and hands a verify's 2-16 token
+bit-identical to upstream's one-pair kernel; ``MUL_MAT_COLS = 2``), and hands a verify's 2-16 token
 rows the 64-row chunks of weights that one token gets (upstream: 16; a chunk only says which thread
 computes a row, so no result depends on it).
 ``--kernels fast`` (or ``PROMPTLOOKUP_LLAMA_KERNELS=fast``) keeps llama.cpp's defaults.
@@ -99,8 +99,9 @@ FA_ONE_PATH_MARK = "FA_ONE_PATH = 1"
 #: one. ``ggml_mul_mat_cols`` (ggml_patches/mul_mat_cols.c, inserted into ggml's x86
 #: quants.c) takes a row against up to 16 columns at once and does, for each pair, exactly the
 #: operations of upstream's ``vec_dot`` in the same order: every result is bit-identical to
-#: upstream's, whatever the batch, and the build says so (``MUL_MAT_COLS = 1``).
-MUL_MAT_COLS_MARK = "MUL_MAT_COLS = 1"
+#: upstream's, whatever the batch, and the build says so (``MUL_MAT_COLS = 2``: the second set of types,
+#: with Q3_K and Q5_K).
+MUL_MAT_COLS_MARK = "MUL_MAT_COLS = 2"
 #: The third patch keeps the CPU repack (``GGML_CPU_REPACK``) for Q4_K, the weight type that most
 #: K-quant GGUFs are made of, and makes it invariant. The repack interleaves 8 weight rows at load
 #: time and has two kernels: a gemm for groups of 4 token rows and a gemv for the rest (a one-token
@@ -261,7 +262,8 @@ SOURCE_PATCHES = (
     SourcePatch(
         "vendor/llama.cpp/ggml/src/ggml-cpu/quants.h",
         _Q8_0_DECL,
-        _Q8_0_DECL + "// promptlookup: rows [r0, r1) of a Q4_1, Q5_0, Q8_0, Q4_K or Q6_K matrix against nc "
+        _Q8_0_DECL + "// promptlookup: rows [r0, r1) of a Q4_1, Q5_0, Q8_0, Q3_K, Q4_K, Q5_K or Q6_K matrix "
+        "against nc "
         "columns, each result as vec_dot's; 0 (nothing done) where not available\n"
         "int ggml_mul_mat_cols(enum ggml_type type, int n, const void * GGML_RESTRICT x, "
         "size_t x_stride, int64_t r0, int64_t r1, const void * const * GGML_RESTRICT cols, "
@@ -293,7 +295,7 @@ SOURCE_PATCHES = (
         _FEATURES_END,
         "#if defined(__AVX2__) && (defined(__x86_64__) || defined(_M_X64))"
         "  // promptlookup: see x86 quants.c\n"
-        '        features.push_back({ "MUL_MAT_COLS", "1" });\n'
+        '        features.push_back({ "MUL_MAT_COLS", "2" });\n'
         "#endif\n" + _FEATURES_END,
     ),
     SourcePatch(

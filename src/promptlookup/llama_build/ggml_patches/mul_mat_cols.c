@@ -1,6 +1,6 @@
 // promptlookup: a block of weight rows against a block of activation columns (a batch's tokens).
 // For every (row, column) pair the operations are those of the one-column kernel above
-// (ggml_vec_dot_q4_1_q8_1, _q5_0_q8_0, _q8_0_q8_0, _q4_K_q8_K, _q6_K_q8_K; F16 in vec.cpp's
+// (ggml_vec_dot_q4_1_q8_1, _q5_0_q8_0, _q8_0_q8_0, _q3_K_q8_K, _q4_K_q8_K, _q5_K_q8_K, _q6_K_q8_K; F16 in vec.cpp's
 // ggml_vec_dot_f16_cols beside ggml_vec_dot_f16), with the same helpers in
 // the same order, so each result equals the one-column kernel's bit for bit whatever else is in the
 // batch. What the columns share is done once: a row's quants are unpacked and its scales converted
@@ -92,10 +92,10 @@ static inline __attribute__((always_inline)) void pl_q5_0_cols(const int nb, flo
 }
 
 // -- K-quants: Q8_K columns are read in place (each block's quants are contiguous); what a column's
-// block contributes independently of the row (Q4_K: the pairwise sums of its bsums) is made once
+// block contributes independently of the row (Q4_K, Q5_K: the pairwise sums of its bsums) is made once
 typedef struct {
     const block_q8_K * y[PL_COLS_STEP];        // the columns
-    __m128i q8s[PL_COLS_MAX_NBK][PL_COLS_STEP];  // Q4_K: _mm_hadd_epi16 of each block's bsums
+    __m128i q8s[PL_COLS_MAX_NBK][PL_COLS_STEP];  // Q4_K, Q5_K: _mm_hadd_epi16 of each block's bsums
 } pl_cols_k;
 
 static inline __attribute__((always_inline)) void pl_q4_K_cols(const int nb, float * const * GGML_RESTRICT s,
@@ -230,6 +230,174 @@ static inline __attribute__((always_inline)) void pl_q6_K_cols(const int nb, flo
     }
 }
 
+// Q5_K: Q4_K's layout with a fifth bit per quant in qh; its mins go through a scalar sum per block
+// (upstream's summs), not a vector accumulator as Q4_K's do
+static inline __attribute__((always_inline)) void pl_q5_K_cols(const int nb, float * const * GGML_RESTRICT s,
+        const block_q5_K * GGML_RESTRICT x, const pl_cols_k * GGML_RESTRICT t, const int nc) {
+    static const uint32_t kmask1 = 0x3f3f3f3f;
+    static const uint32_t kmask2 = 0x0f0f0f0f;
+    static const uint32_t kmask3 = 0x03030303;
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    const __m128i mzero = _mm_setzero_si128();
+    const __m256i mone  = _mm256_set1_epi8(1);
+    __m256 acc[PL_COLS_STEP];
+    float summs[PL_COLS_STEP];
+    for (int c = 0; c < nc; ++c) {
+        acc[c] = _mm256_setzero_ps();
+        summs[c] = 0.f;
+    }
+    uint32_t utmp[4];
+    for (int i = 0; i < nb; ++i) {
+        const float xd = GGML_CPU_FP16_TO_FP32(x[i].d);
+        const float xdmin = GGML_CPU_FP16_TO_FP32(x[i].dmin);
+
+        memcpy(utmp, x[i].scales, 12);
+        utmp[3] = ((utmp[2] >> 4) & kmask2) | (((utmp[1] >> 6) & kmask3) << 4);
+        const uint32_t uaux = utmp[1] & kmask1;
+        utmp[1] = (utmp[2] & kmask2) | (((utmp[0] >> 6) & kmask3) << 4);
+        utmp[2] = uaux;
+        utmp[0] &= kmask1;
+
+        const __m256i mins_and_scales = _mm256_cvtepu8_epi16(_mm_set_epi32(utmp[3], utmp[2], utmp[1], utmp[0]));
+        const __m128i mins = _mm256_extracti128_si256(mins_and_scales, 1);
+        const __m128i sc128  = _mm256_extracti128_si256(mins_and_scales, 0);
+        const __m256i scales = MM256_SET_M128I(sc128, sc128);
+
+        const __m256i hbits = _mm256_loadu_si256((const __m256i*)x[i].qh);
+        __m256i hmask = mone;
+
+        __m256i sumi[PL_COLS_STEP];
+        for (int c = 0; c < nc; ++c) {
+            sumi[c] = _mm256_setzero_si256();
+        }
+        const uint8_t * GGML_RESTRICT q5 = x[i].qs;
+        int bit = 0;
+        for (int j = 0; j < QK_K/64; ++j) {
+            const __m256i scale_0 = _mm256_shuffle_epi8(scales, get_scale_shuffle_k4(2*j+0));
+            const __m256i scale_1 = _mm256_shuffle_epi8(scales, get_scale_shuffle_k4(2*j+1));
+            const __m256i q5bits = _mm256_loadu_si256((const __m256i*)(q5 + 32*j));
+
+            const __m256i q5l_0 = _mm256_and_si256(q5bits, m4);
+            const __m256i q5h_0 = _mm256_slli_epi16(_mm256_srli_epi16(_mm256_and_si256(hbits, hmask), bit++), 4);
+            const __m256i q5_0  = _mm256_add_epi8(q5l_0, q5h_0);
+            hmask = _mm256_slli_epi16(hmask, 1);
+
+            const __m256i q5l_1 = _mm256_and_si256(_mm256_srli_epi16(q5bits, 4), m4);
+            const __m256i q5h_1 = _mm256_slli_epi16(_mm256_srli_epi16(_mm256_and_si256(hbits, hmask), bit++), 4);
+            const __m256i q5_1  = _mm256_add_epi8(q5l_1, q5h_1);
+            hmask = _mm256_slli_epi16(hmask, 1);
+
+            for (int c = 0; c < nc; ++c) {
+                const int8_t * GGML_RESTRICT q8 = t->y[c][i].qs + 64*j;
+                __m256i p16_0 = _mm256_maddubs_epi16(q5_0, _mm256_loadu_si256((const __m256i*)q8));
+                __m256i p16_1 = _mm256_maddubs_epi16(q5_1, _mm256_loadu_si256((const __m256i*)(q8 + 32)));
+                p16_0 = _mm256_madd_epi16(scale_0, p16_0);
+                p16_1 = _mm256_madd_epi16(scale_1, p16_1);
+                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(p16_0, p16_1));
+            }
+        }
+        for (int c = 0; c < nc; ++c) {
+            const float yd = t->y[c][i].d;
+            const float d = yd * xd;
+            const float dmin = -yd * xdmin;
+            const __m128i prod = _mm_madd_epi16(mins, t->q8s[i][c]);
+            const __m128i hsum = _mm_hadd_epi32(_mm_hadd_epi32(prod, mzero), mzero);
+            summs[c] += dmin * _mm_extract_epi32(hsum, 0);
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+        }
+    }
+    for (int c = 0; c < nc; ++c) {
+        *s[c] = hsum_float_8(acc[c]) + summs[c];
+    }
+}
+
+// Q3_K: two low bits and a high bit kept apart (the high part subtracted after maddubs), signed
+// 6-bit scales, no mins
+static inline __attribute__((always_inline)) void pl_q3_K_cols(const int nb, float * const * GGML_RESTRICT s,
+        const block_q3_K * GGML_RESTRICT x, const pl_cols_k * GGML_RESTRICT t, const int nc) {
+    const uint32_t kmask1 = 0x03030303;
+    const uint32_t kmask2 = 0x0f0f0f0f;
+    const __m256i m3 = _mm256_set1_epi8(3);
+    const __m256i mone = _mm256_set1_epi8(1);
+    const __m128i m32 = _mm_set1_epi8(32);
+    __m256 acc[PL_COLS_STEP];
+    for (int c = 0; c < nc; ++c) {
+        acc[c] = _mm256_setzero_ps();
+    }
+    uint32_t aux[3];
+    for (int i = 0; i < nb; ++i) {
+        const float xd = GGML_CPU_FP16_TO_FP32(x[i].d);
+
+        memcpy(aux, x[i].scales, 12);
+        __m128i scales128 = _mm_set_epi32(
+                ((aux[1] >> 4) & kmask2) | (((aux[2] >> 6) & kmask1) << 4),
+                ((aux[0] >> 4) & kmask2) | (((aux[2] >> 4) & kmask1) << 4),
+                (aux[1] & kmask2) | (((aux[2] >> 2) & kmask1) << 4),
+                (aux[0] & kmask2) | (((aux[2] >> 0) & kmask1) << 4));
+        scales128 = _mm_sub_epi8(scales128, m32);
+        const __m256i all_scales = _mm256_cvtepi8_epi16(scales128);
+        const __m128i l_scales = _mm256_extracti128_si256(all_scales, 0);
+        const __m128i h_scales = _mm256_extracti128_si256(all_scales, 1);
+        const __m256i scales[2] = {MM256_SET_M128I(l_scales, l_scales), MM256_SET_M128I(h_scales, h_scales)};
+
+        const __m256i hbits = _mm256_loadu_si256((const __m256i*)x[i].hmask);
+
+        __m256i sumi[PL_COLS_STEP];
+        for (int c = 0; c < nc; ++c) {
+            sumi[c] = _mm256_setzero_si256();
+        }
+        const uint8_t * GGML_RESTRICT q3 = x[i].qs;
+        int bit = 0;
+        for (int j = 0; j < QK_K/128; ++j) {
+            const __m256i q3bits = _mm256_loadu_si256((const __m256i*)(q3 + 32*j));
+
+            const __m256i q3l_0 = _mm256_and_si256(q3bits, m3);
+            const __m256i q3h_0 = _mm256_slli_epi16(_mm256_srli_epi16(_mm256_andnot_si256(hbits, _mm256_slli_epi16(mone, bit)), bit), 2);
+            ++bit;
+            const __m256i q3l_1 = _mm256_and_si256(_mm256_srli_epi16(q3bits, 2), m3);
+            const __m256i q3h_1 = _mm256_slli_epi16(_mm256_srli_epi16(_mm256_andnot_si256(hbits, _mm256_slli_epi16(mone, bit)), bit), 2);
+            ++bit;
+            const __m256i q3l_2 = _mm256_and_si256(_mm256_srli_epi16(q3bits, 4), m3);
+            const __m256i q3h_2 = _mm256_slli_epi16(_mm256_srli_epi16(_mm256_andnot_si256(hbits, _mm256_slli_epi16(mone, bit)), bit), 2);
+            ++bit;
+            const __m256i q3l_3 = _mm256_and_si256(_mm256_srli_epi16(q3bits, 6), m3);
+            const __m256i q3h_3 = _mm256_slli_epi16(_mm256_srli_epi16(_mm256_andnot_si256(hbits, _mm256_slli_epi16(mone, bit)), bit), 2);
+            ++bit;
+
+            const __m256i scale_0 = _mm256_shuffle_epi8(scales[j], get_scale_shuffle_q3k(0));
+            const __m256i scale_1 = _mm256_shuffle_epi8(scales[j], get_scale_shuffle_q3k(1));
+            const __m256i scale_2 = _mm256_shuffle_epi8(scales[j], get_scale_shuffle_q3k(2));
+            const __m256i scale_3 = _mm256_shuffle_epi8(scales[j], get_scale_shuffle_q3k(3));
+
+            for (int c = 0; c < nc; ++c) {
+                const int8_t * GGML_RESTRICT q8 = t->y[c][i].qs + 128*j;
+                const __m256i q8_0 = _mm256_loadu_si256((const __m256i*)(q8 +  0));
+                const __m256i q8_1 = _mm256_loadu_si256((const __m256i*)(q8 + 32));
+                const __m256i q8_2 = _mm256_loadu_si256((const __m256i*)(q8 + 64));
+                const __m256i q8_3 = _mm256_loadu_si256((const __m256i*)(q8 + 96));
+                __m256i p16_0 = _mm256_sub_epi16(_mm256_maddubs_epi16(q3l_0, q8_0), _mm256_maddubs_epi16(q3h_0, q8_0));
+                __m256i p16_1 = _mm256_sub_epi16(_mm256_maddubs_epi16(q3l_1, q8_1), _mm256_maddubs_epi16(q3h_1, q8_1));
+                __m256i p16_2 = _mm256_sub_epi16(_mm256_maddubs_epi16(q3l_2, q8_2), _mm256_maddubs_epi16(q3h_2, q8_2));
+                __m256i p16_3 = _mm256_sub_epi16(_mm256_maddubs_epi16(q3l_3, q8_3), _mm256_maddubs_epi16(q3h_3, q8_3));
+                p16_0 = _mm256_madd_epi16(scale_0, p16_0);
+                p16_1 = _mm256_madd_epi16(scale_1, p16_1);
+                p16_2 = _mm256_madd_epi16(scale_2, p16_2);
+                p16_3 = _mm256_madd_epi16(scale_3, p16_3);
+                p16_0 = _mm256_add_epi32(p16_0, p16_1);
+                p16_2 = _mm256_add_epi32(p16_2, p16_3);
+                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(p16_0, p16_2));
+            }
+        }
+        for (int c = 0; c < nc; ++c) {
+            const float d = t->y[c][i].d * xd;
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+        }
+    }
+    for (int c = 0; c < nc; ++c) {
+        *s[c] = hsum_float_8(acc[c]);
+    }
+}
+
 #if PL_COLS_STEP == 8
 #define PL_COLS_WIDE(KERNEL, ...)                                                      \
     case 8: KERNEL(__VA_ARGS__, 8); break;                                             \
@@ -279,7 +447,7 @@ int ggml_mul_mat_cols(enum ggml_type type, int n, const void * GGML_RESTRICT x, 
         ggml_vec_dot_f16_cols(n, (const ggml_fp16_t *) x, x_stride, r0, r1, (const ggml_fp16_t * const *) cols, outs, nc);
         return 1;
     }
-    if (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K) {
+    if (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q6_K || type == GGML_TYPE_Q3_K) {
         const int nb = n / QK_K;
         if (n % QK_K != 0 || nb > PL_COLS_MAX_NBK) {
             return 0;
@@ -289,7 +457,7 @@ int ggml_mul_mat_cols(enum ggml_type type, int n, const void * GGML_RESTRICT x, 
             for (int c = 0; c < m; ++c) {
                 tk.y[c] = (const block_q8_K *) cols[c0 + c];
             }
-            if (type == GGML_TYPE_Q4_K) {
+            if (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K) {
                 for (int c = 0; c < m; ++c) {
                     for (int i = 0; i < nb; ++i) {
                         const __m256i q8sums = _mm256_loadu_si256((const __m256i*)tk.y[c][i].bsums);
@@ -297,9 +465,15 @@ int ggml_mul_mat_cols(enum ggml_type type, int n, const void * GGML_RESTRICT x, 
                                                       _mm256_extracti128_si256(q8sums, 1));
                     }
                 }
+            }
+            if (type == GGML_TYPE_Q4_K) {
                 PL_COLS_ROWS(pl_q4_K_cols, block_q4_K, &tk)
-            } else {
+            } else if (type == GGML_TYPE_Q5_K) {
+                PL_COLS_ROWS(pl_q5_K_cols, block_q5_K, &tk)
+            } else if (type == GGML_TYPE_Q6_K) {
                 PL_COLS_ROWS(pl_q6_K_cols, block_q6_K, &tk)
+            } else {
+                PL_COLS_ROWS(pl_q3_K_cols, block_q3_K, &tk)
             }
         )
         return 1;
