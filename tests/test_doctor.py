@@ -261,17 +261,17 @@ def test_the_doctor_says_whether_the_build_is_ours(tmp_path, monkeypatch, info, 
 
 @pytest.mark.parametrize(("marks", "line"), [
     ("MUL_MAT_COLS = 2 | ",
-     "matmul: Q4_1, Q5_0, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K and F16 rows take up to 16 tokens at once (set-up's "
+     "matmul: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K to Q6_K and F16 rows take up to 16 tokens at once (set-up's "
      "patch), every result bit-identical to ggml's one-pair kernel (docs/exactness.md)"),
     ("MUL_MAT_COLS = 1 | ",
      "matmul: Q4_1, Q5_0, Q8_0, Q4_K, Q6_K and F16 rows take up to 16 tokens at once (an older set-up's "
-     "patch: Q3_K and Q5_K weights take ggml's one-pair kernel, exact but a verify about twice as dear; "
-     "'promptlookup setup-llama' rebuilds with their kernels)"),
+     "patch: Q4_0, Q5_1, Q2_K, Q3_K and Q5_K weights take ggml's one-pair kernel, exact but verifies "
+     "dearer; 'promptlookup setup-llama' rebuilds with their kernels)"),
     ("", None),
 ])
 def test_the_doctor_says_which_weight_types_the_column_matmul_takes(tmp_path, monkeypatch, marks, line):
-    """A build from an older set-up has the column matmul without Q3_K and Q5_K: the doctor says so and
-    how to rebuild, rather than claiming kernels the library lacks."""
+    """A build from an older set-up has the column matmul without Q4_0, Q5_1, Q2_K, Q3_K and Q5_K: the
+    doctor says so and how to rebuild, rather than claiming kernels the library lacks."""
     monkeypatch.setenv("PROMPTLOOKUP_CACHE", str(tmp_path))
     monkeypatch.setattr(doctor, "cpu_library", lambda: tmp_path / "libggml-cpu.so")
     monkeypatch.setattr(doctor, "amx_instruction_count", lambda lib: 0)

@@ -2,8 +2,10 @@
 kernel (``ggml_vec_dot_<weights>_<activations>``), called through ctypes in the installed library, on
 real models' own weights: the bundled SmolLM2 (Q4_1, Q8_0), Qwen2.5-Coder-0.5B (Q5_0, Q8_0, Q4_K,
 Q6_K: every type of its official Q4_K_M file), the same model requantized by llama.cpp's quantizer into
-Q5_K_M and Q2_K (their Q5_K and Q3_K matrices: the next downloads on most model pages) and, in the
-marked set, the 1.5B (Q4_K, Q6_K); and the attention's F16 rows against F16 columns
+Q5_K_M and Q2_K (their Q5_K, Q5_1, Q3_K and Q4_0 matrices: the next downloads on most model pages) and
+one of its matrices quantized to Q2_K by ggml's own row quantizer (the 0.5B's mixes put Q2_K nowhere:
+only its feed-forward down rows are whole super-blocks, and the Q2_K mix gives those Q3_K), and, in
+the marked set, the 1.5B (Q4_K, Q6_K); and the attention's F16 rows against F16 columns
 (``ggml_vec_dot_f16_cols``).
 
 Why bit for bit: the kernel exists to make a batch of tokens cheaper without changing a single logit.
@@ -25,7 +27,8 @@ import numpy as np
 import pytest
 from conftest import HAVE_MODEL, installed_model_path
 
-F16, Q4_1, Q8_0, Q4_0, Q5_0, Q3_K, Q4_K, Q5_K, Q6_K = 1, 3, 8, 2, 6, 11, 12, 13, 14  # ggml_type values
+F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14
+IQ4_NL = 20  # ggml_type values; IQ4_NL: a type the kernel does not take
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,8 @@ class Kind:
 
 
 KINDS = {Q4_1: Kind("q4_1", 32, 20, "q8_1", 36), Q8_0: Kind("q8_0", 32, 34, "q8_0", 34),
+         Q4_0: Kind("q4_0", 32, 18, "q8_0", 34), Q5_1: Kind("q5_1", 32, 24, "q8_1", 36),
+         Q2_K: Kind("q2_K", 256, 84, "q8_K", 292),
          Q5_0: Kind("q5_0", 32, 22, "q8_0", 34), Q4_K: Kind("q4_K", 256, 144, "q8_K", 292),
          Q6_K: Kind("q6_K", 256, 210, "q8_K", 292), Q3_K: Kind("q3_K", 256, 110, "q8_K", 292),
          Q5_K: Kind("q5_K", 256, 176, "q8_K", 292)}
@@ -70,6 +75,10 @@ def _library():
     for act in {k.act for k in KINDS.values()}:
         getattr(lib, f"quantize_row_{act}").restype = None
         getattr(lib, f"quantize_row_{act}").argtypes = [f32p, vp, ctypes.c_int64]
+    base = ctypes.CDLL(str(folder / "libggml-base.so"))  # ggml's reference row quantizers
+    base.quantize_row_q2_K_ref.restype = None
+    base.quantize_row_q2_K_ref.argtypes = [f32p, vp, ctypes.c_int64]
+    lib.quantize_row_q2_K_ref = base.quantize_row_q2_K_ref
     return lib, ""
 
 
@@ -118,8 +127,10 @@ def qwen05():
 
 #: the requantized 0.5B's mixes and what each is read for: the 4864-wide feed-forward down matrices
 #: (19 super-blocks) are the only K-quant ones there (its 896-wide rows are not a multiple of 256)
-REQUANTIZED = {"q5_k_m": ("blk.3.ffn_down.weight", "blk.19.ffn_down.weight"),
-               "q2_k": ("blk.0.ffn_down.weight", "blk.23.ffn_down.weight")}
+REQUANTIZED = {"q5_k_m": ("blk.3.ffn_down.weight", "blk.19.ffn_down.weight", "blk.0.ffn_up.weight",
+                          "blk.5.attn_q.weight"),
+               "q2_k": ("blk.0.ffn_down.weight", "blk.23.ffn_down.weight", "blk.0.ffn_gate.weight",
+                        "blk.5.attn_output.weight")}
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +148,23 @@ def requantized(tmp_path_factory):
             out[mix] = _read(path, names)
         finally:
             path.unlink()
+    out["q2_K"] = {"blk.2.ffn_down.weight": _q2_K_rows(source, "blk.2.ffn_down.weight"),
+                   "embeddings": out["q2_k"]["embeddings"]}
     return out
+
+
+def _q2_K_rows(path: Path, name: str) -> tuple[int, int, np.ndarray]:
+    """``name`` of ``path`` dequantized and quantized again to Q2_K by ggml's own row quantizer."""
+    import gguf
+
+    t = {t.name: t for t in gguf.GGUFReader(str(path)).tensors}[name]
+    floats = np.ascontiguousarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+    n = floats.shape[1]
+    rows = np.zeros((floats.shape[0], n // 256 * KINDS[Q2_K].block_bytes), dtype=np.uint8)
+    f32p = ctypes.POINTER(ctypes.c_float)
+    for r in range(floats.shape[0]):
+        LIB.quantize_row_q2_K_ref(floats[r].ctypes.data_as(f32p), rows[r].ctypes.data, n)
+    return Q2_K, n, rows
 
 
 @pytest.fixture(scope="module")
@@ -229,8 +256,13 @@ def test_the_k_quant_mix_of_qwen_05b_is_upstreams_bit_for_bit(qwen05, name, kind
 
 @pytest.mark.parametrize("mix, name, kind", [("q5_k_m", "blk.3.ffn_down.weight", Q5_K),
                                               ("q5_k_m", "blk.19.ffn_down.weight", Q5_K),
+                                              ("q5_k_m", "blk.0.ffn_up.weight", Q5_1),
+                                              ("q5_k_m", "blk.5.attn_q.weight", Q5_1),
                                               ("q2_k", "blk.0.ffn_down.weight", Q3_K),
-                                              ("q2_k", "blk.23.ffn_down.weight", Q3_K)])
+                                              ("q2_k", "blk.23.ffn_down.weight", Q3_K),
+                                              ("q2_k", "blk.0.ffn_gate.weight", Q4_0),
+                                              ("q2_k", "blk.5.attn_output.weight", Q4_0),
+                                              ("q2_K", "blk.2.ffn_down.weight", Q2_K)])
 @pytest.mark.parametrize("nc", WIDTHS)
 def test_the_k_quants_of_other_mixes_are_upstreams_bit_for_bit(requantized, mix, name, kind, nc):
     _check_every_width(requantized[mix], name, nc, kind)
@@ -248,7 +280,9 @@ def test_the_k_quants_of_qwen_15b_are_upstreams_bit_for_bit(qwen15, name, kind, 
                                                 ("qwen05", "", "output.weight"),
                                                 ("qwen05", "", "blk.0.ffn_down.weight"),
                                                 ("requantized", "q5_k_m", "blk.3.ffn_down.weight"),
-                                                ("requantized", "q2_k", "blk.0.ffn_down.weight")])
+                                                ("requantized", "q2_k", "blk.0.ffn_down.weight"),
+                                                ("requantized", "q2_k", "blk.0.ffn_gate.weight"),
+                                                ("requantized", "q2_K", "blk.2.ffn_down.weight")])
 def test_a_column_gets_the_same_bits_whatever_its_neighbours(request, weights, mix, name):
     """One column alone, then in the middle of 16 others: the same bits on 600 rows."""
     w = request.getfixturevalue(weights)
@@ -285,7 +319,7 @@ def test_f16_rows_are_upstreams_bit_for_bit(n, nc):
 def test_matrices_it_does_not_take_are_left_to_upstream_untouched(bundled):
     kind, n, rows, acts = _inputs(bundled, "blk.0.ffn_up.weight", 2)
     out = np.full((2, rows.shape[0]), np.nan, dtype=np.float32)
-    assert _cols(Q4_0, n, rows, acts, 0, 4, out)[0] == 0  # a type it has no kernel for
+    assert _cols(IQ4_NL, n, rows, acts, 0, 4, out)[0] == 0  # a type it has no kernel for
     assert _cols(kind, n - 16, rows, acts, 0, 4, out)[0] == 0  # a row that is not whole blocks
     assert _cols(kind, 32 * 129, rows, acts, 0, 4, out)[0] == 0  # longer rows than a tile holds
     assert _cols(kind, n, rows, acts[:0], 0, 4, out)[0] == 0  # no columns

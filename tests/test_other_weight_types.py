@@ -1,12 +1,11 @@
 """The K-quant mixes other than Q4_K_M stay exact on the invariant build, whole models end to end.
 
 Users run K-quant mixes other than Q4_K_M (Q5_K_M is the next download on most model pages, Q3_K_M
-and Q2_K where memory is short). The invariant build has column kernels for Q4_1, Q5_0, Q8_0, the
-K-quants Q3_K to Q6_K and F16 rows (each pair checked bit for bit against upstream's kernel in
-test_mul_mat_cols); every other type (Q5_1, Q4_0, Q2_K, the IQ types) takes ggml's one-pair
-``vec_dot`` (llamafile off, the tiled K-quant matmul off, every repack but Q4_K's off:
-docs/exactness.md), which computes each (weight row, token) pair on its own. These tests check both,
-in whole models, on real files: Qwen2.5-Coder-0.5B's Q4_K_M
+and Q2_K where memory is short). The invariant build has column kernels for Q4_0, Q4_1, Q5_0, Q5_1,
+Q8_0, the K-quants Q2_K to Q6_K and F16 rows (each pair checked bit for bit against upstream's kernel
+in test_mul_mat_cols); the IQ types take ggml's one-pair ``vec_dot`` (llamafile off, the tiled K-quant
+matmul off, every repack but Q4_K's off: docs/exactness.md), which computes each (weight row, token)
+pair on its own. These tests check whole models on real files: Qwen2.5-Coder-0.5B's Q4_K_M
 requantized by llama.cpp's own quantizer (``llama_model_quantize`` through llama-cpp-python, a few
 seconds each) into Q5_K_M and Q2_K, whose tensors are Q5_K, Q5_1, Q6_K, Q8_0 and Q3_K, Q4_0, Q5_0
 (the 0.5B's 896-wide rows are not a multiple of 256, so the quantizer falls back to the 32-wide types

@@ -317,7 +317,7 @@ def run_doctor(model: str | os.PathLike[str] | None, threads: int | None, smoke_
     # constants and string checks: llama.cpp stays unloaded in this process
     from promptlookup.backends.llama_cpp import (
         MUL_MAT_COLS,
-        MUL_MAT_COLS_WITHOUT_Q3_K_Q5_K,
+        MUL_MAT_COLS_OLDER,
         SETUP_COMMAND,
         build_problem,
     )
@@ -332,12 +332,12 @@ def run_doctor(model: str | os.PathLike[str] | None, threads: int | None, smoke_
 
     info = str(r.get("system_info", ""))
     if MUL_MAT_COLS in info:
-        out("matmul: Q4_1, Q5_0, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K and F16 rows take up to 16 tokens at once "
+        out("matmul: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K to Q6_K and F16 rows take up to 16 tokens at once "
             "(set-up's patch), every result bit-identical to ggml's one-pair kernel (docs/exactness.md)")
-    elif MUL_MAT_COLS_WITHOUT_Q3_K_Q5_K in info:
+    elif MUL_MAT_COLS_OLDER in info:
         out("matmul: Q4_1, Q5_0, Q8_0, Q4_K, Q6_K and F16 rows take up to 16 tokens at once (an older "
-            "set-up's patch: Q3_K and Q5_K weights take ggml's one-pair kernel, exact but a verify about "
-            f"twice as dear; '{SETUP_COMMAND}' rebuilds with their kernels)")
+            "set-up's patch: Q4_0, Q5_1, Q2_K, Q3_K and Q5_K weights take ggml's one-pair kernel, exact "
+            f"but verifies dearer; '{SETUP_COMMAND}' rebuilds with their kernels)")
     if not outcome.ok:
         out("verdict: UNHEALTHY: this llama.cpp build cannot be trusted here; rebuild with "
             "'promptlookup setup-llama' (it falls back to an AVX2-only build when the host build fails)")

@@ -49,14 +49,15 @@ REPACK_ONE_ORDER = "REPACK_ONE_ORDER = 1"
 #: but this environment variable, read at its first use, turns it off
 TILED_MATMUL_ENV = "GGML_CPU_TILED_MM"
 #: what set-up's patched invariant build adds to the system info (promptlookup.llama_build): CPU
-#: flash attention takes one reduction path for every batch shape; Q4_1, Q5_0, Q8_0, Q3_K-Q6_K and
-#: F16 matmuls take a row against many columns at once, each result bit-identical to upstream's one-pair
-#: kernel (the mark's value counts the kernel sets: 2 added Q3_K and Q5_K)
+#: flash attention takes one reduction path for every batch shape; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+#: Q2_K-Q6_K and F16 matmuls take a row against many columns at once, each result bit-identical to
+#: upstream's one-pair kernel (the mark's value counts the kernel sets: 2 added Q4_0, Q5_1, Q2_K, Q3_K
+#: and Q5_K)
 FLASH_ATTENTION_ONE_PATH = "FA_ONE_PATH = 1"
 MUL_MAT_COLS = "MUL_MAT_COLS = 2"
-#: the column matmul of set-ups before 2026-12-08: Q3_K and Q5_K not in it (they took ggml's one-pair
-#: kernel: exact, and a verify twice as dear)
-MUL_MAT_COLS_WITHOUT_Q3_K_Q5_K = "MUL_MAT_COLS = 1"
+#: the column matmul of set-ups before 2026-12-08: Q4_1, Q5_0, Q8_0, Q4_K and Q6_K only (Q4_0, Q5_1,
+#: Q2_K, Q3_K and Q5_K took ggml's one-pair kernel: exact, verifies dearer)
+MUL_MAT_COLS_OLDER = "MUL_MAT_COLS = 1"
 #: the process-wide default for flash attention: ``auto`` (on where it keeps rows invariant), ``on``,
 #: ``off`` (llama-server's ``-fa`` has the same three values)
 FLASH_ATTENTION_ENV = "PROMPTLOOKUP_FLASH_ATTENTION"

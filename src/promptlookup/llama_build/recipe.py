@@ -17,8 +17,8 @@ upstream picks a KV-split reduction for a one-token decode over 512+ cells and a
 query rows, so a row's attention would depend on the batch; patched, every batch shape takes the
 one per-row path (the reference path upstream keeps for testing), and the build says so in its system
 info (``FA_ONE_PATH = 1``), which is how the backend knows it may turn flash attention on. It also adds
-a matmul of ours for Q4_1, Q5_0, Q8_0 and the K-quants Q3_K to Q6_K and for attention's F16 rows on x86
-(``ggml_patches/``, package data: a weight row against up to 16 tokens at once, every result
+a matmul of ours for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the K-quants Q2_K to Q6_K and for attention's F16
+rows on x86 (``ggml_patches/``, package data: a weight row against up to 16 tokens at once, every result
 bit-identical to upstream's one-pair kernel; ``MUL_MAT_COLS = 2``), and hands a verify's 2-16 token
 rows the 64-row chunks of weights that one token gets (upstream: 16; a chunk only says which thread
 computes a row, so no result depends on it).
@@ -100,7 +100,7 @@ FA_ONE_PATH_MARK = "FA_ONE_PATH = 1"
 #: quants.c) takes a row against up to 16 columns at once and does, for each pair, exactly the
 #: operations of upstream's ``vec_dot`` in the same order: every result is bit-identical to
 #: upstream's, whatever the batch, and the build says so (``MUL_MAT_COLS = 2``: the second set of types,
-#: with Q3_K and Q5_K).
+#: with Q4_0, Q5_1, Q2_K, Q3_K and Q5_K).
 MUL_MAT_COLS_MARK = "MUL_MAT_COLS = 2"
 #: The third patch keeps the CPU repack (``GGML_CPU_REPACK``) for Q4_K, the weight type that most
 #: K-quant GGUFs are made of, and makes it invariant. The repack interleaves 8 weight rows at load
@@ -262,7 +262,7 @@ SOURCE_PATCHES = (
     SourcePatch(
         "vendor/llama.cpp/ggml/src/ggml-cpu/quants.h",
         _Q8_0_DECL,
-        _Q8_0_DECL + "// promptlookup: rows [r0, r1) of a Q4_1, Q5_0, Q8_0, Q3_K, Q4_K, Q5_K or Q6_K matrix "
+        _Q8_0_DECL + "// promptlookup: rows [r0, r1) of a Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 or Q2_K-Q6_K matrix "
         "against nc "
         "columns, each result as vec_dot's; 0 (nothing done) where not available\n"
         "int ggml_mul_mat_cols(enum ggml_type type, int n, const void * GGML_RESTRICT x, "

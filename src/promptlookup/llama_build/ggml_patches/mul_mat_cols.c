@@ -1,7 +1,7 @@
 // promptlookup: a block of weight rows against a block of activation columns (a batch's tokens).
 // For every (row, column) pair the operations are those of the one-column kernel above
-// (ggml_vec_dot_q4_1_q8_1, _q5_0_q8_0, _q8_0_q8_0, _q3_K_q8_K, _q4_K_q8_K, _q5_K_q8_K, _q6_K_q8_K; F16 in vec.cpp's
-// ggml_vec_dot_f16_cols beside ggml_vec_dot_f16), with the same helpers in
+// (ggml_vec_dot_q4_0_q8_0, _q4_1_q8_1, _q5_0_q8_0, _q5_1_q8_1, _q8_0_q8_0, and _q2_K_q8_K to
+// _q6_K_q8_K; F16 in vec.cpp's ggml_vec_dot_f16_cols beside ggml_vec_dot_f16), with the same helpers in
 // the same order, so each result equals the one-column kernel's bit for bit whatever else is in the
 // batch. What the columns share is done once: a row's quants are unpacked and its scales converted
 // once per block for all the columns. The float operations of each pair (its scale products, its
@@ -23,36 +23,64 @@ typedef struct {
     float s[PL_COLS_STEP];       // its scaled sum (Q8_1 only)
 } pl_cols_block;
 
-static inline __attribute__((always_inline)) void pl_q4_1_cols(const int nb, float * const * GGML_RESTRICT s,
-        const block_q4_1 * GGML_RESTRICT x, const pl_cols_block * GGML_RESTRICT t, const int nc) {
-    __m256 acc[PL_COLS_STEP];
-    float summs[PL_COLS_STEP];
-    for (int c = 0; c < nc; ++c) {
-        acc[c] = _mm256_setzero_ps();
-        summs[c] = 0;
-    }
-    for (int ib = 0; ib < nb; ++ib) {
-        const float d0 = GGML_CPU_FP16_TO_FP32(x[ib].d);
-        const float m0 = GGML_CPU_FP16_TO_FP32(x[ib].m);
-        const __m256 d0v = _mm256_set1_ps( d0 );
-        const __m256i qx = bytes_from_nibbles_32(x[ib].qs);
-        for (int c = 0; c < nc; ++c) {
-            summs[c] += m0 * t[ib].s[c];
-            const __m256 d0d1 = _mm256_mul_ps( d0v, _mm256_set1_ps( t[ib].d[c] ) );
-            const __m256i qy = _mm256_loadu_si256( (const __m256i *)t[ib].q[c] );
-            const __m256 xy = mul_sum_us8_pairs_float(qx, qy);
-            acc[c] = _mm256_fmadd_ps( d0d1, xy, acc[c] );
-        }
-    }
-    for (int c = 0; c < nc; ++c) {
-        *s[c] = hsum_float_8(acc[c]) + summs[c];
-    }
+// Q4_1 and Q5_1 rows against Q8_1 columns: upstream's two kernels differ only in how a block's 32
+// unsigned quants are made (Q5_1: four low bits, the fifth from qh); their float steps are the same
+// (Q5_1 writes the scale product's fused multiply-add with its factors the other way round: the same
+// exact product, so the same rounding)
+static inline __attribute__((always_inline)) __m256i pl_q4_1_quants(const block_q4_1 * GGML_RESTRICT x) {
+    return bytes_from_nibbles_32(x->qs);
 }
 
-// Q8_0 and Q5_0 rows against Q8_0 columns: upstream's two kernels differ only in how a block's 32
-// signed quants are made (Q5_0: four low bits, the fifth from qh, minus 16)
+static inline __attribute__((always_inline)) __m256i pl_q5_1_quants(const block_q5_1 * GGML_RESTRICT x) {
+    __m256i qx = bytes_from_nibbles_32(x->qs);
+    __m256i bxhi = bytes_from_bits_32(x->qh);
+    bxhi = _mm256_and_si256(bxhi, _mm256_set1_epi8(0x10));
+    return _mm256_or_si256(qx, bxhi);
+}
+
+#define PL_Q8_1_COLS_BODY(QUANTS)                                                      \
+    __m256 acc[PL_COLS_STEP];                                                          \
+    float summs[PL_COLS_STEP];                                                         \
+    for (int c = 0; c < nc; ++c) {                                                     \
+        acc[c] = _mm256_setzero_ps();                                                  \
+        summs[c] = 0;                                                                  \
+    }                                                                                  \
+    for (int ib = 0; ib < nb; ++ib) {                                                  \
+        const float d0 = GGML_CPU_FP16_TO_FP32(x[ib].d);                               \
+        const float m0 = GGML_CPU_FP16_TO_FP32(x[ib].m);                               \
+        const __m256 d0v = _mm256_set1_ps( d0 );                                       \
+        const __m256i qx = QUANTS(&x[ib]);                                             \
+        for (int c = 0; c < nc; ++c) {                                                 \
+            summs[c] += m0 * t[ib].s[c];                                               \
+            const __m256 d0d1 = _mm256_mul_ps( d0v, _mm256_set1_ps( t[ib].d[c] ) );   \
+            const __m256i qy = _mm256_loadu_si256( (const __m256i *)t[ib].q[c] );      \
+            const __m256 xy = mul_sum_us8_pairs_float(qx, qy);                         \
+            acc[c] = _mm256_fmadd_ps( d0d1, xy, acc[c] );                              \
+        }                                                                              \
+    }                                                                                  \
+    for (int c = 0; c < nc; ++c) {                                                     \
+        *s[c] = hsum_float_8(acc[c]) + summs[c];                                       \
+    }
+
+static inline __attribute__((always_inline)) void pl_q4_1_cols(const int nb, float * const * GGML_RESTRICT s,
+        const block_q4_1 * GGML_RESTRICT x, const pl_cols_block * GGML_RESTRICT t, const int nc) {
+    PL_Q8_1_COLS_BODY(pl_q4_1_quants)
+}
+
+static inline __attribute__((always_inline)) void pl_q5_1_cols(const int nb, float * const * GGML_RESTRICT s,
+        const block_q5_1 * GGML_RESTRICT x, const pl_cols_block * GGML_RESTRICT t, const int nc) {
+    PL_Q8_1_COLS_BODY(pl_q5_1_quants)
+}
+
+// Q8_0, Q5_0 and Q4_0 rows against Q8_0 columns: upstream's three kernels differ only in how a
+// block's 32 signed quants are made (Q5_0: four low bits, the fifth from qh, minus 16; Q4_0: four
+// bits minus 8)
 static inline __attribute__((always_inline)) __m256i pl_q8_0_quants(const block_q8_0 * GGML_RESTRICT x) {
     return _mm256_loadu_si256((const __m256i *)x->qs);
+}
+
+static inline __attribute__((always_inline)) __m256i pl_q4_0_quants(const block_q4_0 * GGML_RESTRICT x) {
+    return _mm256_sub_epi8(bytes_from_nibbles_32(x->qs), _mm256_set1_epi8(8));
 }
 
 static inline __attribute__((always_inline)) __m256i pl_q5_0_quants(const block_q5_0 * GGML_RESTRICT x) {
@@ -89,6 +117,11 @@ static inline __attribute__((always_inline)) void pl_q8_0_cols(const int nb, flo
 static inline __attribute__((always_inline)) void pl_q5_0_cols(const int nb, float * const * GGML_RESTRICT s,
         const block_q5_0 * GGML_RESTRICT x, const pl_cols_block * GGML_RESTRICT t, const int nc) {
     PL_Q8_0_COLS_BODY(pl_q5_0_quants)
+}
+
+static inline __attribute__((always_inline)) void pl_q4_0_cols(const int nb, float * const * GGML_RESTRICT s,
+        const block_q4_0 * GGML_RESTRICT x, const pl_cols_block * GGML_RESTRICT t, const int nc) {
+    PL_Q8_0_COLS_BODY(pl_q4_0_quants)
 }
 
 // -- K-quants: Q8_K columns are read in place (each block's quants are contiguous); what a column's
@@ -398,6 +431,75 @@ static inline __attribute__((always_inline)) void pl_q3_K_cols(const int nb, flo
     }
 }
 
+// Q2_K: two-bit quants with 4-bit scales and minimums; each block's minimums meet the column's
+// bsums and go into the same accumulator just before the quants do (upstream's order)
+static inline __attribute__((always_inline)) void pl_q2_K_cols(const int nb, float * const * GGML_RESTRICT s,
+        const block_q2_K * GGML_RESTRICT x, const pl_cols_k * GGML_RESTRICT t, const int nc) {
+    const __m256i m3 = _mm256_set1_epi8(3);
+    const __m128i m4 = _mm_set1_epi8(0xF);
+    __m256 acc[PL_COLS_STEP];
+    for (int c = 0; c < nc; ++c) {
+        acc[c] = _mm256_setzero_ps();
+    }
+    for (int i = 0; i < nb; ++i) {
+        const float xd = GGML_CPU_FP16_TO_FP32(x[i].d);
+        const float xdmin = GGML_CPU_FP16_TO_FP32(x[i].dmin);
+
+        const __m128i mins_and_scales = _mm_loadu_si128((const __m128i*)x[i].scales);
+        const __m128i scales8 = _mm_and_si128(mins_and_scales, m4);
+        const __m128i mins8 = _mm_and_si128(_mm_srli_epi16(mins_and_scales, 4), m4);
+        const __m256i mins = _mm256_cvtepi8_epi16(mins8);
+        for (int c = 0; c < nc; ++c) {
+            const float dmin = -t->y[c][i].d * xdmin;
+            const __m256i prod = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i*)t->y[c][i].bsums));
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(prod), acc[c]);
+        }
+
+        const __m256i all_scales = _mm256_cvtepi8_epi16(scales8);
+        const __m128i l_scales = _mm256_extracti128_si256(all_scales, 0);
+        const __m128i h_scales = _mm256_extracti128_si256(all_scales, 1);
+        const __m256i scales[2] = {MM256_SET_M128I(l_scales, l_scales), MM256_SET_M128I(h_scales, h_scales)};
+
+        __m256i sumi[PL_COLS_STEP];
+        for (int c = 0; c < nc; ++c) {
+            sumi[c] = _mm256_setzero_si256();
+        }
+        const uint8_t * GGML_RESTRICT q2 = x[i].qs;
+        for (int j = 0; j < QK_K/128; ++j) {
+            const __m256i q2bits = _mm256_loadu_si256((const __m256i*)(q2 + 32*j));
+            const __m256i q2_0 = _mm256_and_si256(q2bits, m3);
+            const __m256i q2_1 = _mm256_and_si256(_mm256_srli_epi16(q2bits, 2), m3);
+            const __m256i q2_2 = _mm256_and_si256(_mm256_srli_epi16(q2bits, 4), m3);
+            const __m256i q2_3 = _mm256_and_si256(_mm256_srli_epi16(q2bits, 6), m3);
+            const __m256i scale_0 = _mm256_shuffle_epi8(scales[j], get_scale_shuffle_q3k(0));
+            const __m256i scale_1 = _mm256_shuffle_epi8(scales[j], get_scale_shuffle_q3k(1));
+            const __m256i scale_2 = _mm256_shuffle_epi8(scales[j], get_scale_shuffle_q3k(2));
+            const __m256i scale_3 = _mm256_shuffle_epi8(scales[j], get_scale_shuffle_q3k(3));
+            for (int c = 0; c < nc; ++c) {
+                const int8_t * GGML_RESTRICT q8 = t->y[c][i].qs + 128*j;
+                __m256i p0 = _mm256_maddubs_epi16(q2_0, _mm256_loadu_si256((const __m256i*)(q8 +  0)));
+                __m256i p1 = _mm256_maddubs_epi16(q2_1, _mm256_loadu_si256((const __m256i*)(q8 + 32)));
+                __m256i p2 = _mm256_maddubs_epi16(q2_2, _mm256_loadu_si256((const __m256i*)(q8 + 64)));
+                __m256i p3 = _mm256_maddubs_epi16(q2_3, _mm256_loadu_si256((const __m256i*)(q8 + 96)));
+                p0 = _mm256_madd_epi16(scale_0, p0);
+                p1 = _mm256_madd_epi16(scale_1, p1);
+                p2 = _mm256_madd_epi16(scale_2, p2);
+                p3 = _mm256_madd_epi16(scale_3, p3);
+                p0 = _mm256_add_epi32(p0, p1);
+                p2 = _mm256_add_epi32(p2, p3);
+                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(p0, p2));
+            }
+        }
+        for (int c = 0; c < nc; ++c) {
+            const float d = t->y[c][i].d * xd;
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+        }
+    }
+    for (int c = 0; c < nc; ++c) {
+        *s[c] = hsum_float_8(acc[c]);
+    }
+}
+
 #if PL_COLS_STEP == 8
 #define PL_COLS_WIDE(KERNEL, ...)                                                      \
     case 8: KERNEL(__VA_ARGS__, 8); break;                                             \
@@ -447,7 +549,8 @@ int ggml_mul_mat_cols(enum ggml_type type, int n, const void * GGML_RESTRICT x, 
         ggml_vec_dot_f16_cols(n, (const ggml_fp16_t *) x, x_stride, r0, r1, (const ggml_fp16_t * const *) cols, outs, nc);
         return 1;
     }
-    if (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q6_K || type == GGML_TYPE_Q3_K) {
+    if (type == GGML_TYPE_Q2_K || type == GGML_TYPE_Q3_K || type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K ||
+            type == GGML_TYPE_Q6_K) {
         const int nb = n / QK_K;
         if (n % QK_K != 0 || nb > PL_COLS_MAX_NBK) {
             return 0;
@@ -472,20 +575,23 @@ int ggml_mul_mat_cols(enum ggml_type type, int n, const void * GGML_RESTRICT x, 
                 PL_COLS_ROWS(pl_q5_K_cols, block_q5_K, &tk)
             } else if (type == GGML_TYPE_Q6_K) {
                 PL_COLS_ROWS(pl_q6_K_cols, block_q6_K, &tk)
-            } else {
+            } else if (type == GGML_TYPE_Q3_K) {
                 PL_COLS_ROWS(pl_q3_K_cols, block_q3_K, &tk)
+            } else {
+                PL_COLS_ROWS(pl_q2_K_cols, block_q2_K, &tk)
             }
         )
         return 1;
     }
     const int nb = n / 32;
     if (n % 32 != 0 || nb > PL_COLS_MAX_NB ||
-            (type != GGML_TYPE_Q4_1 && type != GGML_TYPE_Q8_0 && type != GGML_TYPE_Q5_0)) {
+            (type != GGML_TYPE_Q4_1 && type != GGML_TYPE_Q5_1 && type != GGML_TYPE_Q8_0 && type != GGML_TYPE_Q5_0 &&
+             type != GGML_TYPE_Q4_0)) {
         return 0;
     }
     pl_cols_block tile[PL_COLS_MAX_NB];
     PL_COLS_PASSES(
-        if (type == GGML_TYPE_Q4_1) {
+        if (type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q5_1) {
             for (int c = 0; c < m; ++c) {
                 const block_q8_1 * y = (const block_q8_1 *) cols[c0 + c];
                 for (int ib = 0; ib < nb; ++ib) {
@@ -494,7 +600,11 @@ int ggml_mul_mat_cols(enum ggml_type type, int n, const void * GGML_RESTRICT x, 
                     tile[ib].s[c] = GGML_CPU_FP16_TO_FP32(y[ib].s);
                 }
             }
-            PL_COLS_ROWS(pl_q4_1_cols, block_q4_1, tile)
+            if (type == GGML_TYPE_Q4_1) {
+                PL_COLS_ROWS(pl_q4_1_cols, block_q4_1, tile)
+            } else {
+                PL_COLS_ROWS(pl_q5_1_cols, block_q5_1, tile)
+            }
         } else {
             for (int c = 0; c < m; ++c) {
                 const block_q8_0 * y = (const block_q8_0 *) cols[c0 + c];
@@ -505,8 +615,10 @@ int ggml_mul_mat_cols(enum ggml_type type, int n, const void * GGML_RESTRICT x, 
             }
             if (type == GGML_TYPE_Q8_0) {
                 PL_COLS_ROWS(pl_q8_0_cols, block_q8_0, tile)
-            } else {
+            } else if (type == GGML_TYPE_Q5_0) {
                 PL_COLS_ROWS(pl_q5_0_cols, block_q5_0, tile)
+            } else {
+                PL_COLS_ROWS(pl_q4_0_cols, block_q4_0, tile)
             }
         }
     )

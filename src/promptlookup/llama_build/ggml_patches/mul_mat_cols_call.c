@@ -3,8 +3,9 @@
     // same result for every (row, column) as the loop below, with what the columns share done once.
     // Columns that broadcast over other matrices of src0 (attention: a K or V head for several query
     // heads) go in runs that share one matrix.
-    if ((type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q3_K ||
-         type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q6_K || type == GGML_TYPE_F16) && num_rows_per_vec_dot == 1) {
+    if ((type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q5_1 ||
+         type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q2_K || type == GGML_TYPE_Q3_K || type == GGML_TYPE_Q4_K ||
+         type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q6_K || type == GGML_TYPE_F16) && num_rows_per_vec_dot == 1) {
         const void * cols[16];
         float * outs[16];
         const char * mats[16];
