@@ -131,11 +131,29 @@ typedef struct {
     __m128i q8s[PL_COLS_MAX_NBK][PL_COLS_STEP];  // Q4_K, Q5_K: _mm_hadd_epi16 of each block's bsums
 } pl_cols_k;
 
-static inline __attribute__((always_inline)) void pl_q4_K_cols(const int nb, float * const * GGML_RESTRICT s,
-        const block_q4_K * GGML_RESTRICT x, const pl_cols_k * GGML_RESTRICT t, const int nc) {
+// Q4_K and Q5_K: a super-block's eight 6-bit scales and eight 6-bit minimums, packed in 12 bytes,
+// widened to 16 bits as upstream's kernels widen them (the scales twice, for both 128-bit lanes)
+static inline __attribute__((always_inline)) void pl_k_scales_mins(const uint8_t * GGML_RESTRICT packed,
+        __m128i * mins, __m256i * scales) {
     static const uint32_t kmask1 = 0x3f3f3f3f;
     static const uint32_t kmask2 = 0x0f0f0f0f;
     static const uint32_t kmask3 = 0x03030303;
+    uint32_t utmp[4];
+    memcpy(utmp, packed, 12);
+    utmp[3] = ((utmp[2] >> 4) & kmask2) | (((utmp[1] >> 6) & kmask3) << 4);
+    const uint32_t uaux = utmp[1] & kmask1;
+    utmp[1] = (utmp[2] & kmask2) | (((utmp[0] >> 6) & kmask3) << 4);
+    utmp[2] = uaux;
+    utmp[0] &= kmask1;
+
+    const __m256i mins_and_scales = _mm256_cvtepu8_epi16(_mm_set_epi32(utmp[3], utmp[2], utmp[1], utmp[0]));
+    *mins = _mm256_extracti128_si256(mins_and_scales, 1);
+    const __m128i sc128 = _mm256_extracti128_si256(mins_and_scales, 0);
+    *scales = MM256_SET_M128I(sc128, sc128);
+}
+
+static inline __attribute__((always_inline)) void pl_q4_K_cols(const int nb, float * const * GGML_RESTRICT s,
+        const block_q4_K * GGML_RESTRICT x, const pl_cols_k * GGML_RESTRICT t, const int nc) {
     const __m256i m4 = _mm256_set1_epi8(0xF);
     __m256 acc[PL_COLS_STEP];
     __m128 acc_m[PL_COLS_STEP];
@@ -143,22 +161,13 @@ static inline __attribute__((always_inline)) void pl_q4_K_cols(const int nb, flo
         acc[c] = _mm256_setzero_ps();
         acc_m[c] = _mm_setzero_ps();
     }
-    uint32_t utmp[4];
     for (int i = 0; i < nb; ++i) {
         const float xd = GGML_CPU_FP16_TO_FP32(x[i].d);
         const float xdmin = GGML_CPU_FP16_TO_FP32(x[i].dmin);
 
-        memcpy(utmp, x[i].scales, 12);
-        utmp[3] = ((utmp[2] >> 4) & kmask2) | (((utmp[1] >> 6) & kmask3) << 4);
-        const uint32_t uaux = utmp[1] & kmask1;
-        utmp[1] = (utmp[2] & kmask2) | (((utmp[0] >> 6) & kmask3) << 4);
-        utmp[2] = uaux;
-        utmp[0] &= kmask1;
-
-        const __m256i mins_and_scales = _mm256_cvtepu8_epi16(_mm_set_epi32(utmp[3], utmp[2], utmp[1], utmp[0]));
-        const __m128i mins = _mm256_extracti128_si256(mins_and_scales, 1);
-        const __m128i sc128  = _mm256_extracti128_si256(mins_and_scales, 0);
-        const __m256i scales = MM256_SET_M128I(sc128, sc128);
+        __m128i mins;
+        __m256i scales;
+        pl_k_scales_mins(x[i].scales, &mins, &scales);
 
         __m256i sumi[PL_COLS_STEP];
         for (int c = 0; c < nc; ++c) {
@@ -267,9 +276,6 @@ static inline __attribute__((always_inline)) void pl_q6_K_cols(const int nb, flo
 // (upstream's summs), not a vector accumulator as Q4_K's do
 static inline __attribute__((always_inline)) void pl_q5_K_cols(const int nb, float * const * GGML_RESTRICT s,
         const block_q5_K * GGML_RESTRICT x, const pl_cols_k * GGML_RESTRICT t, const int nc) {
-    static const uint32_t kmask1 = 0x3f3f3f3f;
-    static const uint32_t kmask2 = 0x0f0f0f0f;
-    static const uint32_t kmask3 = 0x03030303;
     const __m256i m4 = _mm256_set1_epi8(0xF);
     const __m128i mzero = _mm_setzero_si128();
     const __m256i mone  = _mm256_set1_epi8(1);
@@ -279,22 +285,13 @@ static inline __attribute__((always_inline)) void pl_q5_K_cols(const int nb, flo
         acc[c] = _mm256_setzero_ps();
         summs[c] = 0.f;
     }
-    uint32_t utmp[4];
     for (int i = 0; i < nb; ++i) {
         const float xd = GGML_CPU_FP16_TO_FP32(x[i].d);
         const float xdmin = GGML_CPU_FP16_TO_FP32(x[i].dmin);
 
-        memcpy(utmp, x[i].scales, 12);
-        utmp[3] = ((utmp[2] >> 4) & kmask2) | (((utmp[1] >> 6) & kmask3) << 4);
-        const uint32_t uaux = utmp[1] & kmask1;
-        utmp[1] = (utmp[2] & kmask2) | (((utmp[0] >> 6) & kmask3) << 4);
-        utmp[2] = uaux;
-        utmp[0] &= kmask1;
-
-        const __m256i mins_and_scales = _mm256_cvtepu8_epi16(_mm_set_epi32(utmp[3], utmp[2], utmp[1], utmp[0]));
-        const __m128i mins = _mm256_extracti128_si256(mins_and_scales, 1);
-        const __m128i sc128  = _mm256_extracti128_si256(mins_and_scales, 0);
-        const __m256i scales = MM256_SET_M128I(sc128, sc128);
+        __m128i mins;
+        __m256i scales;
+        pl_k_scales_mins(x[i].scales, &mins, &scales);
 
         const __m256i hbits = _mm256_loadu_si256((const __m256i*)x[i].qh);
         __m256i hmask = mone;
@@ -344,6 +341,40 @@ static inline __attribute__((always_inline)) void pl_q5_K_cols(const int nb, flo
     }
 }
 
+// Q3_K and Q2_K share their scales' layout (sixteen 16-bit scales per super-block, each 128-bit
+// lane holding eight), their four scale shuffles per 128 values, the way four 32-value products are
+// scaled and summed, and their one fused multiply-add per super-block
+static inline __attribute__((always_inline)) void pl_scales_16_lanes(const __m128i scales8, __m256i scales[2]) {
+    const __m256i all_scales = _mm256_cvtepi8_epi16(scales8);
+    const __m128i l_scales = _mm256_extracti128_si256(all_scales, 0);
+    const __m128i h_scales = _mm256_extracti128_si256(all_scales, 1);
+    scales[0] = MM256_SET_M128I(l_scales, l_scales);
+    scales[1] = MM256_SET_M128I(h_scales, h_scales);
+}
+
+static inline __attribute__((always_inline)) void pl_q3k_shuffles(const __m256i scales, __m256i scale[4]) {
+    for (int k = 0; k < 4; ++k) {
+        scale[k] = _mm256_shuffle_epi8(scales, get_scale_shuffle_q3k(k));
+    }
+}
+
+static inline __attribute__((always_inline)) __m256i pl_scaled_sum4(const __m256i sumi, const __m256i scale[4],
+        __m256i p0, __m256i p1, __m256i p2, __m256i p3) {
+    p0 = _mm256_madd_epi16(scale[0], p0);
+    p1 = _mm256_madd_epi16(scale[1], p1);
+    p2 = _mm256_madd_epi16(scale[2], p2);
+    p3 = _mm256_madd_epi16(scale[3], p3);
+    p0 = _mm256_add_epi32(p0, p1);
+    p2 = _mm256_add_epi32(p2, p3);
+    return _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p2));
+}
+
+#define PL_K_BLOCK_FMA(xd)                                                             \
+    for (int c = 0; c < nc; ++c) {                                                     \
+        const float d = t->y[c][i].d * (xd);                                           \
+        acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[c]), acc[c]); \
+    }
+
 // Q3_K: two low bits and a high bit kept apart (the high part subtracted after maddubs), signed
 // 6-bit scales, no mins
 static inline __attribute__((always_inline)) void pl_q3_K_cols(const int nb, float * const * GGML_RESTRICT s,
@@ -368,10 +399,8 @@ static inline __attribute__((always_inline)) void pl_q3_K_cols(const int nb, flo
                 (aux[1] & kmask2) | (((aux[2] >> 2) & kmask1) << 4),
                 (aux[0] & kmask2) | (((aux[2] >> 0) & kmask1) << 4));
         scales128 = _mm_sub_epi8(scales128, m32);
-        const __m256i all_scales = _mm256_cvtepi8_epi16(scales128);
-        const __m128i l_scales = _mm256_extracti128_si256(all_scales, 0);
-        const __m128i h_scales = _mm256_extracti128_si256(all_scales, 1);
-        const __m256i scales[2] = {MM256_SET_M128I(l_scales, l_scales), MM256_SET_M128I(h_scales, h_scales)};
+        __m256i scales[2];
+        pl_scales_16_lanes(scales128, scales);
 
         const __m256i hbits = _mm256_loadu_si256((const __m256i*)x[i].hmask);
 
@@ -397,10 +426,8 @@ static inline __attribute__((always_inline)) void pl_q3_K_cols(const int nb, flo
             const __m256i q3h_3 = _mm256_slli_epi16(_mm256_srli_epi16(_mm256_andnot_si256(hbits, _mm256_slli_epi16(mone, bit)), bit), 2);
             ++bit;
 
-            const __m256i scale_0 = _mm256_shuffle_epi8(scales[j], get_scale_shuffle_q3k(0));
-            const __m256i scale_1 = _mm256_shuffle_epi8(scales[j], get_scale_shuffle_q3k(1));
-            const __m256i scale_2 = _mm256_shuffle_epi8(scales[j], get_scale_shuffle_q3k(2));
-            const __m256i scale_3 = _mm256_shuffle_epi8(scales[j], get_scale_shuffle_q3k(3));
+            __m256i scale[4];
+            pl_q3k_shuffles(scales[j], scale);
 
             for (int c = 0; c < nc; ++c) {
                 const int8_t * GGML_RESTRICT q8 = t->y[c][i].qs + 128*j;
@@ -408,23 +435,14 @@ static inline __attribute__((always_inline)) void pl_q3_K_cols(const int nb, flo
                 const __m256i q8_1 = _mm256_loadu_si256((const __m256i*)(q8 + 32));
                 const __m256i q8_2 = _mm256_loadu_si256((const __m256i*)(q8 + 64));
                 const __m256i q8_3 = _mm256_loadu_si256((const __m256i*)(q8 + 96));
-                __m256i p16_0 = _mm256_sub_epi16(_mm256_maddubs_epi16(q3l_0, q8_0), _mm256_maddubs_epi16(q3h_0, q8_0));
-                __m256i p16_1 = _mm256_sub_epi16(_mm256_maddubs_epi16(q3l_1, q8_1), _mm256_maddubs_epi16(q3h_1, q8_1));
-                __m256i p16_2 = _mm256_sub_epi16(_mm256_maddubs_epi16(q3l_2, q8_2), _mm256_maddubs_epi16(q3h_2, q8_2));
-                __m256i p16_3 = _mm256_sub_epi16(_mm256_maddubs_epi16(q3l_3, q8_3), _mm256_maddubs_epi16(q3h_3, q8_3));
-                p16_0 = _mm256_madd_epi16(scale_0, p16_0);
-                p16_1 = _mm256_madd_epi16(scale_1, p16_1);
-                p16_2 = _mm256_madd_epi16(scale_2, p16_2);
-                p16_3 = _mm256_madd_epi16(scale_3, p16_3);
-                p16_0 = _mm256_add_epi32(p16_0, p16_1);
-                p16_2 = _mm256_add_epi32(p16_2, p16_3);
-                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(p16_0, p16_2));
+                sumi[c] = pl_scaled_sum4(sumi[c], scale,
+                    _mm256_sub_epi16(_mm256_maddubs_epi16(q3l_0, q8_0), _mm256_maddubs_epi16(q3h_0, q8_0)),
+                    _mm256_sub_epi16(_mm256_maddubs_epi16(q3l_1, q8_1), _mm256_maddubs_epi16(q3h_1, q8_1)),
+                    _mm256_sub_epi16(_mm256_maddubs_epi16(q3l_2, q8_2), _mm256_maddubs_epi16(q3h_2, q8_2)),
+                    _mm256_sub_epi16(_mm256_maddubs_epi16(q3l_3, q8_3), _mm256_maddubs_epi16(q3h_3, q8_3)));
             }
         }
-        for (int c = 0; c < nc; ++c) {
-            const float d = t->y[c][i].d * xd;
-            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
-        }
+        PL_K_BLOCK_FMA(xd)
     }
     for (int c = 0; c < nc; ++c) {
         *s[c] = hsum_float_8(acc[c]);
@@ -455,10 +473,8 @@ static inline __attribute__((always_inline)) void pl_q2_K_cols(const int nb, flo
             acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(prod), acc[c]);
         }
 
-        const __m256i all_scales = _mm256_cvtepi8_epi16(scales8);
-        const __m128i l_scales = _mm256_extracti128_si256(all_scales, 0);
-        const __m128i h_scales = _mm256_extracti128_si256(all_scales, 1);
-        const __m256i scales[2] = {MM256_SET_M128I(l_scales, l_scales), MM256_SET_M128I(h_scales, h_scales)};
+        __m256i scales[2];
+        pl_scales_16_lanes(scales8, scales);
 
         __m256i sumi[PL_COLS_STEP];
         for (int c = 0; c < nc; ++c) {
@@ -471,29 +487,18 @@ static inline __attribute__((always_inline)) void pl_q2_K_cols(const int nb, flo
             const __m256i q2_1 = _mm256_and_si256(_mm256_srli_epi16(q2bits, 2), m3);
             const __m256i q2_2 = _mm256_and_si256(_mm256_srli_epi16(q2bits, 4), m3);
             const __m256i q2_3 = _mm256_and_si256(_mm256_srli_epi16(q2bits, 6), m3);
-            const __m256i scale_0 = _mm256_shuffle_epi8(scales[j], get_scale_shuffle_q3k(0));
-            const __m256i scale_1 = _mm256_shuffle_epi8(scales[j], get_scale_shuffle_q3k(1));
-            const __m256i scale_2 = _mm256_shuffle_epi8(scales[j], get_scale_shuffle_q3k(2));
-            const __m256i scale_3 = _mm256_shuffle_epi8(scales[j], get_scale_shuffle_q3k(3));
+            __m256i scale[4];
+            pl_q3k_shuffles(scales[j], scale);
             for (int c = 0; c < nc; ++c) {
                 const int8_t * GGML_RESTRICT q8 = t->y[c][i].qs + 128*j;
-                __m256i p0 = _mm256_maddubs_epi16(q2_0, _mm256_loadu_si256((const __m256i*)(q8 +  0)));
-                __m256i p1 = _mm256_maddubs_epi16(q2_1, _mm256_loadu_si256((const __m256i*)(q8 + 32)));
-                __m256i p2 = _mm256_maddubs_epi16(q2_2, _mm256_loadu_si256((const __m256i*)(q8 + 64)));
-                __m256i p3 = _mm256_maddubs_epi16(q2_3, _mm256_loadu_si256((const __m256i*)(q8 + 96)));
-                p0 = _mm256_madd_epi16(scale_0, p0);
-                p1 = _mm256_madd_epi16(scale_1, p1);
-                p2 = _mm256_madd_epi16(scale_2, p2);
-                p3 = _mm256_madd_epi16(scale_3, p3);
-                p0 = _mm256_add_epi32(p0, p1);
-                p2 = _mm256_add_epi32(p2, p3);
-                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(p0, p2));
+                sumi[c] = pl_scaled_sum4(sumi[c], scale,
+                    _mm256_maddubs_epi16(q2_0, _mm256_loadu_si256((const __m256i*)(q8 +  0))),
+                    _mm256_maddubs_epi16(q2_1, _mm256_loadu_si256((const __m256i*)(q8 + 32))),
+                    _mm256_maddubs_epi16(q2_2, _mm256_loadu_si256((const __m256i*)(q8 + 64))),
+                    _mm256_maddubs_epi16(q2_3, _mm256_loadu_si256((const __m256i*)(q8 + 96))));
             }
         }
-        for (int c = 0; c < nc; ++c) {
-            const float d = t->y[c][i].d * xd;
-            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
-        }
+        PL_K_BLOCK_FMA(xd)
     }
     for (int c = 0; c < nc; ++c) {
         *s[c] = hsum_float_8(acc[c]);
