@@ -125,8 +125,9 @@ def qwen05():
     return _read(installed_model_path("qwen2.5-coder-0.5b"), QWEN_05)
 
 
-#: the requantized 0.5B's mixes and what each is read for: the 4864-wide feed-forward down matrices
-#: (19 super-blocks) are the only K-quant ones there (its 896-wide rows are not a multiple of 256)
+#: the requantized 0.5B's mixes and the matrices read from each: two 4864-wide feed-forward down
+#: matrices (19 super-blocks: the only K-quant ones there, its 896-wide rows are not a multiple of 256)
+#: and two of the 32-wide type the quantizer falls back to (Q5_1 in Q5_K_M, Q4_0 in Q2_K)
 REQUANTIZED = {"q5_k_m": ("blk.3.ffn_down.weight", "blk.19.ffn_down.weight", "blk.0.ffn_up.weight",
                           "blk.5.attn_q.weight"),
                "q2_k": ("blk.0.ffn_down.weight", "blk.23.ffn_down.weight", "blk.0.ffn_gate.weight",
@@ -136,7 +137,8 @@ REQUANTIZED = {"q5_k_m": ("blk.3.ffn_down.weight", "blk.19.ffn_down.weight", "bl
 @pytest.fixture(scope="module")
 def requantized(tmp_path_factory):
     """mix -> the matrices of ``REQUANTIZED`` in Qwen2.5-Coder-0.5B requantized into that mix by
-    llama.cpp's own quantizer (a few seconds each, in the test's temporary folder, deleted after)."""
+    llama.cpp's own quantizer (a few seconds each, in the test's temporary folder, deleted after), and
+    "q2_K rows" -> one of its matrices made Q2_K by ggml's row quantizer."""
     from test_other_weight_types import MIXES, requantize
 
     source = installed_model_path("qwen2.5-coder-0.5b")
@@ -148,8 +150,8 @@ def requantized(tmp_path_factory):
             out[mix] = _read(path, names)
         finally:
             path.unlink()
-    out["q2_K"] = {"blk.2.ffn_down.weight": _q2_K_rows(source, "blk.2.ffn_down.weight"),
-                   "embeddings": out["q2_k"]["embeddings"]}
+    out["q2_K rows"] = {"blk.2.ffn_down.weight": _q2_K_rows(source, "blk.2.ffn_down.weight"),
+                        "embeddings": out["q2_k"]["embeddings"]}
     return out
 
 
@@ -262,7 +264,7 @@ def test_the_k_quant_mix_of_qwen_05b_is_upstreams_bit_for_bit(qwen05, name, kind
                                               ("q2_k", "blk.23.ffn_down.weight", Q3_K),
                                               ("q2_k", "blk.0.ffn_gate.weight", Q4_0),
                                               ("q2_k", "blk.5.attn_output.weight", Q4_0),
-                                              ("q2_K", "blk.2.ffn_down.weight", Q2_K)])
+                                              ("q2_K rows", "blk.2.ffn_down.weight", Q2_K)])
 @pytest.mark.parametrize("nc", WIDTHS)
 def test_the_k_quants_of_other_mixes_are_upstreams_bit_for_bit(requantized, mix, name, kind, nc):
     _check_every_width(requantized[mix], name, nc, kind)
@@ -282,7 +284,7 @@ def test_the_k_quants_of_qwen_15b_are_upstreams_bit_for_bit(qwen15, name, kind, 
                                                 ("requantized", "q5_k_m", "blk.3.ffn_down.weight"),
                                                 ("requantized", "q2_k", "blk.0.ffn_down.weight"),
                                                 ("requantized", "q2_k", "blk.0.ffn_gate.weight"),
-                                                ("requantized", "q2_K", "blk.2.ffn_down.weight")])
+                                                ("requantized", "q2_K rows", "blk.2.ffn_down.weight")])
 def test_a_column_gets_the_same_bits_whatever_its_neighbours(request, weights, mix, name):
     """One column alone, then in the middle of 16 others: the same bits on 600 rows."""
     w = request.getfixturevalue(weights)
