@@ -247,6 +247,12 @@ def test_a_build_that_is_not_ours_gets_one_line_saying_what_is_lost_and_the_fix(
                     "exact one"),
 ])
 def test_the_doctor_says_whether_the_build_is_ours(tmp_path, monkeypatch, info, line):
+    lines = _doctor_lines(tmp_path, monkeypatch, info)
+    assert [x for x in lines if x.startswith("llama-cpp-python build:")] == [line]
+
+
+def _doctor_lines(tmp_path, monkeypatch, info: str) -> list[str]:
+    """What the doctor prints for a healthy smoke test on a build whose system info is ``info``."""
     monkeypatch.setenv("PROMPTLOOKUP_CACHE", str(tmp_path))
     monkeypatch.setattr(doctor, "cpu_library", lambda: tmp_path / "libggml-cpu.so")
     monkeypatch.setattr(doctor, "amx_instruction_count", lambda lib: 0)
@@ -256,7 +262,7 @@ def test_the_doctor_says_whether_the_build_is_ours(tmp_path, monkeypatch, info, 
                         doctor.SmokeOutcome(True, "done", result=result))
     lines: list[str] = []
     assert doctor.run_doctor(None, None, False, out=lines.append) == 0
-    assert [x for x in lines if x.startswith("llama-cpp-python build:")] == [line]
+    return lines
 
 
 @pytest.mark.parametrize(("marks", "line"), [
@@ -272,14 +278,5 @@ def test_the_doctor_says_whether_the_build_is_ours(tmp_path, monkeypatch, info, 
 def test_the_doctor_says_which_weight_types_the_column_matmul_takes(tmp_path, monkeypatch, marks, line):
     """A build from an older set-up has the column matmul without Q4_0, Q5_1, Q2_K, Q3_K and Q5_K: the
     doctor says so and how to rebuild, rather than claiming kernels the library lacks."""
-    monkeypatch.setenv("PROMPTLOOKUP_CACHE", str(tmp_path))
-    monkeypatch.setattr(doctor, "cpu_library", lambda: tmp_path / "libggml-cpu.so")
-    monkeypatch.setattr(doctor, "amx_instruction_count", lambda lib: 0)
-    monkeypatch.setattr(doctor, "library_fingerprint", lambda: None)
-    info = SAFE_INFO.replace("MUL_MAT_COLS = 2 | ", marks)
-    result = {"rows": 9, "max_rel_diff": 0.0, "argmax_agree": 9, "system_info": info, "threads": 2}
-    monkeypatch.setattr(doctor, "run_smoke_child", lambda model, threads=None, curve=False:
-                        doctor.SmokeOutcome(True, "done", result=result))
-    lines: list[str] = []
-    assert doctor.run_doctor(None, None, False, out=lines.append) == 0
+    lines = _doctor_lines(tmp_path, monkeypatch, SAFE_INFO.replace("MUL_MAT_COLS = 2 | ", marks))
     assert [x for x in lines if x.startswith("matmul:")] == ([line] if line else [])
